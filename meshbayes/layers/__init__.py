@@ -1,0 +1,28 @@
+"""Bayesian layers: drop-in flax layers whose weights are normal posteriors.
+
+Each layer keeps its flax twin's constructor and call; see ``dense`` and
+``embed``. Estimators are pure functions in ``estimators``; priors and their
+KL in ``priors``; how the recorded KL enters a loss in ``kl``.
+"""
+
+from meshbayes.layers.dense import (DenseFlipout, DenseGeneralFlipout,
+                                    DenseGeneralLocalReparameterization,
+                                    DenseGeneralReparameterization, DenseLocalReparameterization,
+                                    DenseReparameterization)
+from meshbayes.layers.embed import EmbedReparameterization
+from meshbayes.layers.estimators import Normal
+from meshbayes.layers.initializers import constant_stddev, fan_in_stddev, softplus_inverse
+from meshbayes.layers.kl import KL_COLLECTION, KL_NAME, kl_penalty, total_kl
+from meshbayes.layers.moped import moped_params
+from meshbayes.layers.priors import (NormalPrior, Prior, ScaleMixtureNormalPrior,
+                                     TrainableNormalPrior, normal_kl)
+from meshbayes.layers import estimators
+from meshbayes.layers.variational import SAMPLE_RNG
+
+__all__ = [
+    "DenseFlipout", "DenseGeneralFlipout", "DenseGeneralLocalReparameterization",
+    "DenseGeneralReparameterization", "DenseLocalReparameterization", "DenseReparameterization",
+    "EmbedReparameterization", "KL_COLLECTION", "KL_NAME", "Normal", "NormalPrior", "Prior",
+    "SAMPLE_RNG", "ScaleMixtureNormalPrior", "TrainableNormalPrior", "constant_stddev",
+    "fan_in_stddev", "kl_penalty", "moped_params", "normal_kl", "softplus_inverse", "total_kl",
+]

@@ -1,0 +1,280 @@
+"""Bayesian drop-ins for ``nn.Dense`` and ``nn.DenseGeneral``, one class per estimator.
+
+Each layer takes its flax twin's constructor arguments and is called the same
+way, tensor in, tensor out; a model swaps ``nn.DenseGeneral`` for
+``DenseGeneralFlipout`` and nothing else changes. The kernel becomes a normal
+posterior, ``kernel_loc`` and ``kernel_scale`` (``stddev = softplus(scale)``),
+both with the deterministic kernel's shape and logical axes. The bias stays
+deterministic unless ``bayesian_bias=True`` (edward2's default too).
+
+Sampling draws from the ``'sample'`` rng stream; ``deterministic=True`` (as
+an attribute or call argument) uses the posterior mean in a single pass. The
+layer's KL is recorded in the ``'losses'`` collection (see
+``meshbayes.layers.kl``), never returned.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import flax.linen as nn
+from jax import lax
+
+from meshbayes.layers import estimators
+from meshbayes.layers.initializers import constant_stddev, fan_in_stddev
+from meshbayes.layers.priors import NormalPrior, Prior
+from meshbayes.layers.variational import (Axes, Initializer, boxed_init, constrain_like,
+                                          partitioning_box, record_kl, reshaped_init,
+                                          use_posterior_mean, variational_param)
+
+Array = jax.Array
+
+
+def _as_tuple(x: int | Sequence[int]) -> tuple[int, ...]:
+  return (x,) if isinstance(x, int) else tuple(x)
+
+
+def _contract(inputs: Array, kernel: Array, *, axis: tuple[int, ...], precision: Any,
+              preferred_element_type: Any = None) -> Array:
+  """Contracts ``axis`` of ``inputs`` with the leading axes of ``kernel``."""
+  dims = ((axis, tuple(range(len(axis)))), ((), ()))
+  return lax.dot_general(inputs, kernel, dims, precision=precision,
+                         preferred_element_type=preferred_element_type)
+
+
+class _BayesianLinear(nn.Module):
+  """The shared body of the Bayesian Dense layers; subclasses pick the estimator.
+
+  Attributes:
+    features: number (or, for DenseGeneral, tuple) of output features.
+    use_bias: whether to add a bias.
+    dtype: computation dtype (default: inferred from inputs and parameters).
+    param_dtype: parameter dtype (float32 by default).
+    precision: numerical precision of the matmuls (``jax.lax.Precision``).
+    kernel_init: initializer of the kernel's posterior mean (the deterministic
+      twin's; may be boxed with ``nn.with_logical_partitioning``).
+    bias_init: initializer of the bias (or of its posterior mean).
+    kernel_axes: logical axis names of the kernel, T5X style (None: take them
+      from a boxed ``kernel_init``, or leave the kernel unannotated).
+    bias_axes: logical axis names of the bias.
+    kernel_stddev_init: initializer of the kernel's posterior standard
+      deviation (default ``0.1 / sqrt(fan_in)``; see ``initializers``).
+    bias_stddev_init: initializer of a Bayesian bias's standard deviation.
+    bayesian_bias: give the bias a normal posterior too.
+    prior: prior of every Bayesian weight of the layer (default N(0, 1)).
+    deterministic: use the posterior mean instead of sampling; the call
+      argument overrides it.
+  """
+
+  features: int | Sequence[int]
+  use_bias: bool = True
+  dtype: Any = None
+  param_dtype: Any = jnp.float32
+  precision: Any = None
+  kernel_init: Initializer = nn.initializers.lecun_normal()
+  bias_init: Initializer = nn.initializers.zeros_init()
+  kernel_axes: Axes = None
+  bias_axes: Axes = None
+  kernel_stddev_init: Initializer = fan_in_stddev(0.1)
+  bias_stddev_init: Initializer = constant_stddev(0.01)
+  bayesian_bias: bool = False
+  prior: Prior = NormalPrior()
+  deterministic: bool | None = None
+
+  estimator: ClassVar[estimators.Estimator]
+
+  def _contracting_axes(self) -> tuple[int, ...]:
+    return (-1,)
+
+  @nn.compact
+  def __call__(self, inputs: Array, deterministic: bool | None = None) -> Array:
+    """Applies the layer under a weight sample (or the posterior mean).
+
+    Args:
+      inputs: the array to transform.
+      deterministic: use the posterior mean; overrides the attribute.
+
+    Returns:
+      The transformed inputs.
+    """
+    features = _as_tuple(self.features)
+    if not features or min(features) < 1:
+      raise ValueError(f"{type(self).__name__} {self.name!r}: features={self.features!r} "
+                       "must be a positive int or a tuple of them")
+    axis = tuple(a % inputs.ndim for a in self._contracting_axes())
+    kernel_shape = tuple(inputs.shape[a] for a in axis) + features
+    flat_kernel = lambda s: (math.prod(s[:len(axis)]), math.prod(s[len(axis):]))
+    loc_init = reshaped_init(self.kernel_init, flat_kernel)
+    kernel_box = partitioning_box(self, "kernel", loc_init, kernel_shape, self.param_dtype,
+                                  self.kernel_axes)
+    kernel = variational_param(self, "kernel", kernel_shape, loc_init,
+                               reshaped_init(self.kernel_stddev_init, flat_kernel), kernel_box,
+                               self.param_dtype)
+    kl_terms = [("kernel", self.prior, kernel)]
+
+    bias = deterministic_bias = None
+    if self.use_bias:
+      flat_bias = lambda s: (math.prod(s),)
+      bias_init = reshaped_init(self.bias_init, flat_bias)
+      bias_box = partitioning_box(self, "bias", bias_init, features, self.param_dtype,
+                                  self.bias_axes)
+      if self.bayesian_bias:
+        bias = variational_param(self, "bias", features, bias_init,
+                                 reshaped_init(self.bias_stddev_init, flat_bias), bias_box,
+                                 self.param_dtype)
+        kl_terms.append(("bias", self.prior, bias))
+      else:
+        deterministic_bias = self.param("bias", boxed_init(bias_box, bias_init), features,
+                                        self.param_dtype)
+    record_kl(self, kl_terms)
+
+    dtype = self.dtype or jnp.result_type(inputs, self.param_dtype)
+    inputs = inputs.astype(dtype)
+    contract = functools.partial(_contract, axis=axis, precision=self.precision)
+    if use_posterior_mean(self, deterministic):
+      outputs = estimators.posterior_mean(contract, inputs, kernel, bias)
+    else:
+      outputs = type(self).estimator(self.make_rng("sample"), contract, inputs, kernel, bias,
+                                     constrain_like(kernel_box))
+    if deterministic_bias is not None:
+      outputs = outputs + deterministic_bias.astype(dtype)
+    return outputs
+
+
+class DenseReparameterization(_BayesianLinear):
+  """``nn.Dense`` with a normal kernel posterior, one weight sample per call.
+
+  Example::
+
+    >>> import jax, jax.numpy as jnp, flax.linen as nn
+    >>> from meshbayes.layers import DenseReparameterization
+    >>> layer = DenseReparameterization(features=4, kernel_axes=('embed', 'mlp'))
+    >>> variables = layer.init(jax.random.key(0), jnp.ones((2, 3)))
+    >>> jax.tree_util.tree_map(jnp.shape, nn.unbox(variables['params']))
+    {'bias': (4,), 'kernel_loc': (3, 4), 'kernel_scale': (3, 4)}
+    >>> y = layer.apply(variables, jnp.ones((2, 3)), rngs={'sample': jax.random.key(1)})
+    >>> y.shape
+    (2, 4)
+
+  Attributes are those of ``_BayesianLinear`` (``nn.Dense``'s plus the
+  posterior's); ``features`` is an int.
+  """
+
+  estimator = staticmethod(estimators.reparameterization)
+
+
+class DenseFlipout(_BayesianLinear):
+  """``nn.Dense`` with a normal kernel posterior and the Flipout estimator.
+
+  Example::
+
+    >>> import jax, jax.numpy as jnp
+    >>> from meshbayes.layers import DenseFlipout, total_kl
+    >>> layer = DenseFlipout(features=4, kernel_axes=('embed', 'mlp'))
+    >>> variables = layer.init(jax.random.key(0), jnp.ones((2, 3)))
+    >>> y, state = layer.apply(variables, jnp.ones((2, 3)),
+    ...                        rngs={'sample': jax.random.key(1)}, mutable=['losses'])
+    >>> y.shape, bool(total_kl(state) > 0)
+    ((2, 4), True)
+
+  Attributes are those of ``_BayesianLinear``; ``features`` is an int.
+  """
+
+  estimator = staticmethod(estimators.flipout)
+
+
+class DenseLocalReparameterization(_BayesianLinear):
+  """``nn.Dense`` with a normal kernel posterior and local reparameterization.
+
+  Example::
+
+    >>> import jax, jax.numpy as jnp
+    >>> from meshbayes.layers import DenseLocalReparameterization
+    >>> layer = DenseLocalReparameterization(features=4)
+    >>> variables = layer.init(jax.random.key(0), jnp.ones((2, 3)))
+    >>> mean = layer.apply(variables, jnp.ones((2, 3)), deterministic=True)
+    >>> bool(jnp.allclose(mean, jnp.ones((2, 3)) @ variables['params']['kernel_loc']))
+    True
+
+  Attributes are those of ``_BayesianLinear``; ``features`` is an int.
+  """
+
+  estimator = staticmethod(estimators.local_reparameterization)
+
+
+class _BayesianDenseGeneral(_BayesianLinear):
+  """``_BayesianLinear`` over several input axes and output features.
+
+  Attributes:
+    axis: the input axes to contract (int or tuple), as in ``nn.DenseGeneral``.
+  """
+
+  axis: int | Sequence[int] = -1
+
+  def _contracting_axes(self) -> tuple[int, ...]:
+    return _as_tuple(self.axis)
+
+
+class DenseGeneralReparameterization(_BayesianDenseGeneral):
+  """``nn.DenseGeneral`` with a normal kernel posterior, one weight sample per call.
+
+  Example::
+
+    >>> import jax, jax.numpy as jnp, flax.linen as nn
+    >>> from meshbayes.layers import DenseGeneralReparameterization
+    >>> layer = DenseGeneralReparameterization(features=(2, 5), use_bias=False)
+    >>> variables = layer.init(jax.random.key(0), jnp.ones((1, 3)))
+    >>> jax.tree_util.tree_map(jnp.shape, variables['params'])
+    {'kernel_loc': (3, 2, 5), 'kernel_scale': (3, 2, 5)}
+
+  Attributes are those of ``_BayesianDenseGeneral``.
+  """
+
+  estimator = staticmethod(estimators.reparameterization)
+
+
+class DenseGeneralFlipout(_BayesianDenseGeneral):
+  """``nn.DenseGeneral`` with a normal kernel posterior and the Flipout estimator.
+
+  The attention projections of the Bayesian Transformer. Example (a query
+  projection from ``embed`` to ``heads x kv``)::
+
+    >>> import jax, jax.numpy as jnp, flax.linen as nn
+    >>> from meshbayes.layers import DenseGeneralFlipout
+    >>> query = DenseGeneralFlipout(features=(2, 4), use_bias=False,
+    ...                             kernel_axes=('embed', 'heads', 'kv'))
+    >>> x = jnp.ones((1, 5, 8))
+    >>> variables = query.init(jax.random.key(0), x)
+    >>> nn.get_partition_spec(variables)['params']['kernel_scale']
+    P('embed', 'heads', 'kv')
+    >>> query.apply(variables, x, rngs={'sample': jax.random.key(1)}).shape
+    (1, 5, 2, 4)
+
+  Attributes are those of ``_BayesianDenseGeneral``.
+  """
+
+  estimator = staticmethod(estimators.flipout)
+
+
+class DenseGeneralLocalReparameterization(_BayesianDenseGeneral):
+  """``nn.DenseGeneral`` with a normal kernel posterior and local reparameterization.
+
+  Example (an attention output projection from ``heads x kv`` to ``embed``)::
+
+    >>> import jax, jax.numpy as jnp
+    >>> from meshbayes.layers import DenseGeneralLocalReparameterization
+    >>> out = DenseGeneralLocalReparameterization(features=8, axis=(-2, -1), use_bias=False)
+    >>> x = jnp.ones((1, 5, 2, 4))
+    >>> variables = out.init(jax.random.key(0), x)
+    >>> out.apply(variables, x, rngs={'sample': jax.random.key(1)}).shape
+    (1, 5, 8)
+
+  Attributes are those of ``_BayesianDenseGeneral``.
+  """
+
+  estimator = staticmethod(estimators.local_reparameterization)

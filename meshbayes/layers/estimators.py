@@ -1,0 +1,164 @@
+"""Gradient estimators for linear maps with a factorized normal weight posterior.
+
+Each estimator is a pure function of a PRNG key, a ``contract`` function (the
+layer's linear map, ``contract(inputs, kernel, preferred_element_type=None)``),
+the inputs, the kernel's posterior ``Normal(loc, stddev)`` and optionally a
+Bayesian bias's. All of them give every example outputs with mean
+``contract(x, loc) + bias.loc`` and variance
+``contract(x * x, stddev^2) + bias.stddev^2``; they differ in how the outputs
+of different examples are correlated, which sets the variance of the gradient:
+
+- ``reparameterization``: one kernel ``loc + stddev * eps`` (and one bias) per
+  call, shared by the whole batch: examples fully correlated.
+- ``flipout`` (Wen et al., 2018): one ``eps`` per call, decorrelated across
+  examples by Rademacher signs: ``x @ loc + ((x * s) @ (stddev * eps)) * r``
+  with ``s``, ``r`` in {-1, +1}, drawn per example and per position.
+- ``local_reparameterization`` (Kingma et al., 2015): samples each
+  pre-activation from its exact Gaussian, independently per example.
+
+Compute happens in ``inputs.dtype`` (bf16 allowed). ``loc`` and ``stddev``
+stay in their (float32) dtype until a kernel is formed, so small perturbations
+are not rounded away, and the local reparameterization variance is
+accumulated and square-rooted in float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+Contract = Callable[..., Array]
+Constrain = Callable[[Array], Array]
+
+
+def _identity(x: Array) -> Array:
+  return x
+
+
+class Normal(NamedTuple):
+  """A factorized normal posterior: elementwise mean and standard deviation."""
+
+  loc: Array
+  stddev: Array
+
+  def sample(self, key: Array, constrain: Constrain = _identity) -> Array:
+    """One draw ``loc + stddev * eps``, in the posterior's dtype.
+
+    Args:
+      key: PRNG key for ``eps``.
+      constrain: a sharding constraint for ``eps`` (place it like the weight,
+        so each device draws only its shard).
+    """
+    eps = constrain(jax.random.normal(key, self.loc.shape, self.loc.dtype))
+    return self.loc + self.stddev * eps
+
+
+def posterior_mean(contract: Contract, inputs: Array, kernel: Normal,
+                   bias: Normal | None = None) -> Array:
+  """The output under the posterior mean: ``contract(x, kernel.loc) + bias.loc``."""
+  outputs = contract(inputs, kernel.loc.astype(inputs.dtype))
+  if bias is not None:
+    outputs = outputs + bias.loc.astype(inputs.dtype)
+  return outputs
+
+
+def reparameterization(key: Array, contract: Contract, inputs: Array, kernel: Normal,
+                       bias: Normal | None = None,
+                       constrain_kernel: Constrain = _identity) -> Array:
+  """One weight sample for the whole call: ``contract(x, loc + stddev * eps)``.
+
+  Args:
+    key: PRNG key.
+    contract: the layer's linear map.
+    inputs: activations in the compute dtype.
+    kernel: the kernel's posterior.
+    bias: a Bayesian bias's posterior, or None.
+    constrain_kernel: places a kernel-shaped array on the mesh like the kernel
+      (a sharding constraint), so the noise is drawn shard by shard.
+
+  Returns:
+    The outputs under the sampled weights.
+  """
+  key_kernel, key_bias = jax.random.split(key)
+  outputs = contract(inputs, kernel.sample(key_kernel, constrain_kernel).astype(inputs.dtype))
+  if bias is not None:
+    outputs = outputs + bias.sample(key_bias).astype(inputs.dtype)
+  return outputs
+
+
+def flipout(key: Array, contract: Contract, inputs: Array, kernel: Normal,
+            bias: Normal | None = None, constrain_kernel: Constrain = _identity) -> Array:
+  """Flipout: ``x @ loc + ((x * s) @ (stddev * eps) + bias noise) * r``.
+
+  ``eps`` (and the bias noise) is drawn once per call; ``s`` (input-shaped)
+  and ``r`` (output-shaped) are integer-valued Rademacher signs drawn for every
+  example and position. Flipping signs of a symmetric perturbation leaves its
+  distribution unchanged, so each example keeps the exact marginal, while the
+  perturbations of different examples become uncorrelated.
+
+  Args:
+    key: PRNG key.
+    contract: the layer's linear map.
+    inputs: activations in the compute dtype.
+    kernel: the kernel's posterior.
+    bias: a Bayesian bias's posterior, or None.
+    constrain_kernel: sharding constraint for kernel-shaped arrays.
+
+  Returns:
+    The perturbed outputs.
+  """
+  key_eps, key_in, key_out, key_bias = jax.random.split(key, 4)
+  dtype = inputs.dtype
+  eps = constrain_kernel(jax.random.normal(key_eps, kernel.loc.shape, kernel.loc.dtype))
+  sign_in = jax.random.rademacher(key_in, inputs.shape, dtype)
+  perturbation = contract(inputs * sign_in, (kernel.stddev * eps).astype(dtype))
+  if bias is not None:
+    perturbation = perturbation + (bias.sample(key_bias) - bias.loc).astype(dtype)
+  sign_out = jax.random.rademacher(key_out, perturbation.shape, dtype)
+  return posterior_mean(contract, inputs, kernel, bias) + perturbation * sign_out
+
+
+def _safe_sqrt(x: Array) -> Array:
+  # sqrt has an infinite derivative at 0 (all-zero inputs such as padding), which
+  # would turn into NaN gradients; the derivative there is taken as 0 instead.
+  positive = x > 0
+  return jnp.where(positive, jnp.sqrt(jnp.where(positive, x, 1.0)), 0.0)
+
+
+def local_reparameterization(key: Array, contract: Contract, inputs: Array, kernel: Normal,
+                             bias: Normal | None = None,
+                             constrain_kernel: Constrain = _identity) -> Array:
+  """Local reparameterization: sample each pre-activation from its Gaussian.
+
+  ``mean = x @ loc + bias.loc``, ``variance = (x * x) @ stddev^2 + bias.stddev^2``,
+  and the output is ``mean + sqrt(variance) * z`` with ``z`` standard normal
+  per example, position and feature.
+
+  Args:
+    key: PRNG key.
+    contract: the layer's linear map.
+    inputs: activations in the compute dtype.
+    kernel: the kernel's posterior.
+    bias: a Bayesian bias's posterior, or None.
+    constrain_kernel: unused (no kernel-shaped noise is drawn); accepted so
+      all estimators share one signature.
+
+  Returns:
+    The sampled outputs, in ``inputs.dtype``.
+  """
+  del constrain_kernel
+  dtype = inputs.dtype
+  mean = posterior_mean(contract, inputs, kernel, bias)
+  variance = contract(jnp.square(inputs), jnp.square(kernel.stddev).astype(dtype),
+                      preferred_element_type=jnp.float32)
+  if bias is not None:
+    variance = variance + jnp.square(bias.stddev).astype(jnp.float32)
+  noise = _safe_sqrt(variance) * jax.random.normal(key, variance.shape, jnp.float32)
+  return (mean.astype(jnp.float32) + noise).astype(dtype)
+
+
+Estimator = Callable[..., Array]

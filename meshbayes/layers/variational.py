@@ -1,0 +1,179 @@
+"""What every Bayesian layer does the same way: its variational parameters,
+their logical axes, the ``'sample'`` rng and the recorded KL.
+
+A weight ``w`` of a deterministic layer becomes two parameters, ``w_loc`` and
+``w_scale`` (``stddev = softplus(w_scale)``), created with the same shape and
+the same partitioning metadata the deterministic parameter would carry: the
+logical axes come from the layer's ``*_axes`` attribute (T5X style) or from a
+boxed initializer (``nn.with_logical_partitioning``, as a flax ``nn.Dense`` is
+annotated), and both routes give identical boxes.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import flax.linen as nn
+from flax.core import meta
+
+from meshbayes.layers.estimators import Normal
+from meshbayes.layers.initializers import softplus_inverse
+from meshbayes.layers.kl import KL_COLLECTION, KL_NAME
+from meshbayes.layers.priors import Prior
+
+Array = jax.Array
+Initializer = Callable[..., Any]
+Axes = Sequence[str | None] | None
+
+SAMPLE_RNG = "sample"
+
+
+def _unbox(value: Any) -> Any:
+  return value.unbox() if isinstance(value, meta.AxisMetadata) else value
+
+
+def reshaped_init(init: Initializer, flat_shape: Callable[[tuple[int, ...]], tuple[int, ...]]
+                  ) -> Initializer:
+  """Calls ``init`` on ``flat_shape(shape)`` and reshapes, as flax's ``DenseGeneral`` does.
+
+  Initializers that compute a fan-in see a multi-axis kernel as a 2-D matrix,
+  and a box returned by ``init`` keeps its metadata.
+  """
+
+  def wrapped(key: Array, shape: Sequence[int], dtype: Any = jnp.float32) -> Any:
+    shape = tuple(shape)
+    value = init(key, flat_shape(shape), dtype)
+    if isinstance(value, meta.AxisMetadata):
+      return value.replace_boxed(jnp.reshape(value.unbox(), shape))
+    return jnp.reshape(value, shape)
+
+  return wrapped
+
+
+def partitioning_box(module: nn.Module, param: str, init: Initializer, shape: tuple[int, ...],
+                     dtype: Any, axes: Axes) -> meta.AxisMetadata | None:
+  """The partitioning box the deterministic parameter ``param`` would carry.
+
+  Args:
+    module: the layer (named in errors).
+    param: the deterministic parameter's name (``'kernel'``).
+    init: its initializer, possibly boxed.
+    shape: its shape.
+    dtype: its dtype.
+    axes: logical axis names given by the layer's attribute, or None.
+
+  Returns:
+    An abstract box (its value is a ``ShapeDtypeStruct``), or None when the
+    parameter carries no partitioning metadata.
+  """
+  abstract = jax.eval_shape(lambda: init(jax.random.key(0), shape, dtype))
+  box = abstract if isinstance(abstract, meta.AxisMetadata) else None
+  owner = f"{type(module).__name__} {module.name!r}"
+  if axes is not None:
+    axes = tuple(axes)
+    names = getattr(box, "names", axes)
+    if tuple(names) != axes:
+      raise ValueError(f"{owner}: {param}_axes={axes} disagrees with the axes {tuple(names)} "
+                       f"of its boxed initializer; give the axes in one place")
+    if box is None:
+      box = nn.LogicallyPartitioned(abstract, axes)
+  names = getattr(box, "names", None)
+  if names is not None and len(names) != len(shape):
+    raise ValueError(f"{owner}: {param} axes {tuple(names)} name {len(names)} dimensions but "
+                     f"{param} has shape {shape}; give one logical axis name (or None) per dimension")
+  return box
+
+
+def constrain_like(box: meta.AxisMetadata | None) -> Callable[[Array], Array]:
+  """A sharding constraint that places an array like the parameter in ``box``.
+
+  Used for weight-shaped noise, so each device draws only its own shard. It is
+  the identity without logical axes, and outside a mesh and rules context.
+  """
+  if not isinstance(box, nn.LogicallyPartitioned):
+    return lambda x: x
+  return functools.partial(nn.with_logical_constraint, logical_axis_resources=tuple(box.names))
+
+
+def boxed_init(box: meta.AxisMetadata | None, init: Initializer) -> Initializer:
+  """``init`` whose (unboxed) value is put in ``box``, or left plain when ``box`` is None."""
+  if box is None:
+    return lambda *args: _unbox(init(*args))
+  return lambda *args: box.replace_boxed(_unbox(init(*args)))
+
+
+def variational_param(module: nn.Module, name: str, shape: tuple[int, ...], loc_init: Initializer,
+                      stddev_init: Initializer, box: meta.AxisMetadata | None,
+                      dtype: Any) -> Normal:
+  """Creates ``{name}_loc`` and ``{name}_scale`` and returns the posterior.
+
+  Args:
+    module: the layer creating the parameters.
+    name: the deterministic parameter's name (``'kernel'``).
+    shape: its shape.
+    loc_init: initializer of the posterior mean (the deterministic twin's).
+    stddev_init: initializer of the posterior standard deviation.
+    box: the partitioning box of the deterministic parameter (both new
+      parameters get it), from ``partitioning_box``.
+    dtype: parameter dtype.
+
+  Returns:
+    ``Normal(loc, softplus(scale))``, in ``dtype``.
+  """
+  loc = module.param(f"{name}_loc", boxed_init(box, loc_init), shape, dtype)
+  scale_init = lambda *args: softplus_inverse(_unbox(stddev_init(*args)))
+  scale = module.param(f"{name}_scale", boxed_init(box, scale_init), shape, dtype)
+  return Normal(loc, jax.nn.softplus(scale))
+
+
+def use_posterior_mean(module: nn.Module, deterministic: bool | None) -> bool:
+  """Resolves ``deterministic`` (call argument, then attribute, then False).
+
+  Returns True when the layer must use the posterior mean: when asked to, and
+  during ``init`` without a ``'sample'`` rng (shapes do not depend on it).
+
+  Raises:
+    ValueError: sampling was asked for but no ``'sample'`` rng was given.
+  """
+  if deterministic is None:
+    deterministic = module.deterministic
+  if deterministic:
+    return True
+  if module.has_rng(SAMPLE_RNG):
+    return False
+  if module.is_initializing():
+    return True
+  raise ValueError(
+      f"{type(module).__name__} {module.name!r} samples its weights and needs a "
+      f"'{SAMPLE_RNG}' rng: pass rngs={{'{SAMPLE_RNG}': key}} to apply, or "
+      "deterministic=True to use the posterior mean")
+
+
+def record_kl(module: nn.Module, terms: Sequence[tuple[str, Prior, Normal]]) -> None:
+  """Records the layer's KL, the sum over its ``(name, prior, posterior)`` terms.
+
+  Nothing is computed unless the ``KL_COLLECTION`` is mutable, and ``init``
+  only creates the parameters (its variables hold no KL). A prior's trainable
+  scalars become parameters ``{name}_prior_{key}`` (replicated).
+  Monte Carlo priors draw from the ``'sample'`` stream when there is one and
+  from a fixed key otherwise (posterior-mean evaluation stays deterministic).
+  """
+  if not module.is_mutable_collection(KL_COLLECTION):
+    return
+  kl = jnp.zeros((), jnp.float32)
+  for name, prior, posterior in terms:
+    params = {
+        key: module.param(f"{name}_prior_{key}",
+                          nn.with_logical_partitioning(nn.initializers.constant(value), ()),
+                          (), jnp.float32)
+        for key, value in prior.trainable_init().items()
+    }
+    rng = module.make_rng(SAMPLE_RNG) if module.has_rng(SAMPLE_RNG) else jax.random.key(0)
+    kl = kl + prior.kl(posterior.loc, posterior.stddev, params, rng)
+  if not module.is_initializing():
+    module.sow(KL_COLLECTION, KL_NAME, kl,
+               init_fn=lambda: jnp.zeros((), jnp.float32), reduce_fn=lambda _, new: new)

@@ -1,0 +1,1 @@
+"""Models built from meshbayes layers: the Bayesian Transformer (issue 4 fills this in)."""
