@@ -33,6 +33,8 @@ import jax.numpy as jnp
 Array = jax.Array
 Contract = Callable[..., Array]
 Constrain = Callable[[Array], Array]
+# (key, contract, inputs, kernel, bias=None, constrain_kernel=identity) -> outputs
+Estimator = Callable[..., Array]
 
 
 def _identity(x: Array) -> Array:
@@ -160,5 +162,3 @@ def local_reparameterization(key: Array, contract: Contract, inputs: Array, kern
   noise = _safe_sqrt(variance) * jax.random.normal(key, variance.shape, jnp.float32)
   return (mean.astype(jnp.float32) + noise).astype(dtype)
 
-
-Estimator = Callable[..., Array]
