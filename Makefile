@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-slow clean
+.PHONY: install demo test test-slow test-tpu clean
 
 install: $(STAMP)
 
@@ -23,6 +23,12 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)
+
+# Ahead-of-time compiles for TPU topologies need libtpu (the `tpu` extra); the
+# default install leaves it out, and these tests skip without it.
+test-tpu: $(STAMP)
+	$(PY) -m pip install --quiet -c requirements.lock -e '.[dev,tpu]'
+	$(PY) -m pytest -m tpu $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

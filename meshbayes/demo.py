@@ -17,14 +17,13 @@ import dataclasses
 import time
 from collections.abc import Sequence
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 
 from meshbayes import predictive
-from meshbayes.layers import (KL_COLLECTION, DenseFlipout, DenseLocalReparameterization,
-                              kl_penalty, total_kl)
+from meshbayes.layers import KL_COLLECTION, kl_penalty, total_kl
+from models import MLP
 
 Array = jax.Array
 
@@ -55,19 +54,6 @@ class DemoConfig:
                        f"num_train={self.num_train}")
 
 
-class BayesianMLP(nn.Module):
-  """Flipout in, local reparameterization in the middle, Flipout out."""
-
-  hidden: int
-  num_classes: int
-
-  @nn.compact
-  def __call__(self, x: Array, deterministic: bool | None = None) -> Array:
-    x = nn.gelu(DenseFlipout(self.hidden)(x, deterministic))
-    x = nn.gelu(DenseLocalReparameterization(self.hidden)(x, deterministic))
-    return DenseFlipout(self.num_classes)(x, deterministic)
-
-
 def make_data(key: Array, config: DemoConfig) -> tuple[Array, Array, Array, Array, Array]:
   """Inputs ``N(0, I)``, labels from a random teacher with Gumbel label noise.
 
@@ -94,7 +80,8 @@ def run(config: DemoConfig) -> list[dict[str, float]]:
   """Trains and evaluates; prints a log and returns the logged rows."""
   key_data, key_init, key_train, key_eval = jax.random.split(jax.random.key(config.seed), 4)
   x_train, y_train, x_test, y_test, y_teacher = make_data(key_data, config)
-  model = BayesianMLP(config.hidden, config.num_classes)
+  model = MLP(hidden_dims=(config.hidden, config.hidden), num_classes=config.num_classes,
+              estimators=("flipout", "local_reparameterization", "flipout"))
   params = model.init(key_init, x_train[:1])["params"]
   optimizer = optax.adam(config.learning_rate)
   opt_state = optimizer.init(params)

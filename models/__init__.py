@@ -1,1 +1,9 @@
-"""Models built from meshbayes layers: the Bayesian Transformer (issue 4 fills this in)."""
+"""Models built from meshbayes layers.
+
+Models name the logical axes of their parameters and activations; they never
+build meshes.
+"""
+
+from models.mlp import MLP
+
+__all__ = ["MLP"]

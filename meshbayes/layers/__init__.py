@@ -5,10 +5,10 @@ Each layer keeps its flax twin's constructor and call; see ``dense`` and
 KL in ``priors``; how the recorded KL enters a loss in ``kl``.
 """
 
-from meshbayes.layers.dense import (DenseFlipout, DenseGeneralFlipout,
-                                    DenseGeneralLocalReparameterization,
+from meshbayes.layers.dense import (ESTIMATORS, Dense, DenseFlipout, DenseGeneral,
+                                    DenseGeneralFlipout, DenseGeneralLocalReparameterization,
                                     DenseGeneralReparameterization, DenseLocalReparameterization,
-                                    DenseReparameterization)
+                                    DenseReparameterization, dense_class, dense_general_class)
 from meshbayes.layers.embed import EmbedReparameterization
 from meshbayes.layers.estimators import Normal
 from meshbayes.layers.initializers import constant_stddev, fan_in_stddev, softplus_inverse
@@ -20,7 +20,7 @@ from meshbayes.layers import estimators
 from meshbayes.layers.variational import SAMPLE_RNG
 
 __all__ = [
-    "DenseFlipout", "DenseGeneralFlipout", "DenseGeneralLocalReparameterization",
+    "Dense", "DenseGeneral", "ESTIMATORS", "dense_class", "dense_general_class", "DenseFlipout", "DenseGeneralFlipout", "DenseGeneralLocalReparameterization",
     "DenseGeneralReparameterization", "DenseLocalReparameterization", "DenseReparameterization",
     "EmbedReparameterization", "KL_COLLECTION", "KL_NAME", "Normal", "NormalPrior", "Prior",
     "SAMPLE_RNG", "ScaleMixtureNormalPrior", "TrainableNormalPrior", "constant_stddev",

@@ -1,5 +1,10 @@
 """Bayesian drop-ins for ``nn.Dense`` and ``nn.DenseGeneral``, one class per estimator.
 
+``Dense`` and ``DenseGeneral`` here are the deterministic twins with the same
+attributes (T5X-style ``kernel_axes``), so one model code path builds the
+deterministic baseline and the Bayesian model: ``dense_class(estimator)``
+picks the class by name.
+
 Each layer takes its flax twin's constructor arguments and is called the same
 way, tensor in, tensor out; a model swaps ``nn.DenseGeneral`` for
 ``DenseGeneralFlipout`` and nothing else changes. The kernel becomes a normal
@@ -47,8 +52,11 @@ def _contract(inputs: Array, kernel: Array, *, axis: tuple[int, ...], precision:
                          preferred_element_type=preferred_element_type)
 
 
-class _BayesianLinear(nn.Module):
-  """The shared body of the Bayesian Dense layers; subclasses pick the estimator.
+class _Linear(nn.Module):
+  """The shared body of the Dense layers; subclasses pick the estimator.
+
+  ``estimator = None`` (the deterministic twins) keeps point weights: a
+  ``kernel`` and a ``bias`` as flax's, and the posterior attributes unused.
 
   Attributes:
     features: number (or, for DenseGeneral, tuple) of output features.
@@ -86,7 +94,7 @@ class _BayesianLinear(nn.Module):
   prior: Prior = NormalPrior()
   deterministic: bool | None = None
 
-  estimator: ClassVar[estimators.Estimator]
+  estimator: ClassVar[estimators.Estimator | None]
 
   def _contracting_axes(self) -> tuple[int, ...]:
     return (-1,)
@@ -112,10 +120,16 @@ class _BayesianLinear(nn.Module):
     loc_init = reshaped_init(self.kernel_init, flat_kernel)
     kernel_box = partitioning_box(self, "kernel", loc_init, kernel_shape, self.param_dtype,
                                   self.kernel_axes)
-    kernel = variational_param(self, "kernel", kernel_shape, loc_init,
-                               reshaped_init(self.kernel_stddev_init, flat_kernel), kernel_box,
-                               self.param_dtype)
-    kl_terms = [("kernel", self.prior, kernel)]
+    bayesian = self.estimator is not None
+    if bayesian:
+      kernel = variational_param(self, "kernel", kernel_shape, loc_init,
+                                 reshaped_init(self.kernel_stddev_init, flat_kernel), kernel_box,
+                                 self.param_dtype)
+      kl_terms = [("kernel", self.prior, kernel)]
+    else:
+      kernel = estimators.Normal(self.param("kernel", boxed_init(kernel_box, loc_init),
+                                            kernel_shape, self.param_dtype), None)
+      kl_terms = []
 
     bias = deterministic_bias = None
     if self.use_bias:
@@ -123,7 +137,7 @@ class _BayesianLinear(nn.Module):
       bias_init = reshaped_init(self.bias_init, flat_bias)
       bias_box = partitioning_box(self, "bias", bias_init, features, self.param_dtype,
                                   self.bias_axes)
-      if self.bayesian_bias:
+      if self.bayesian_bias and bayesian:
         bias = variational_param(self, "bias", features, bias_init,
                                  reshaped_init(self.bias_stddev_init, flat_bias), bias_box,
                                  self.param_dtype)
@@ -131,12 +145,13 @@ class _BayesianLinear(nn.Module):
       else:
         deterministic_bias = self.param("bias", boxed_init(bias_box, bias_init), features,
                                         self.param_dtype)
-    record_kl(self, kl_terms)
+    if bayesian:
+      record_kl(self, kl_terms)
 
     dtype = self.dtype or jnp.result_type(inputs, self.param_dtype)
     inputs = inputs.astype(dtype)
     contract = functools.partial(_contract, axis=axis, precision=self.precision)
-    if use_posterior_mean(self, deterministic):
+    if not bayesian or use_posterior_mean(self, deterministic):
       outputs = estimators.posterior_mean(contract, inputs, kernel, bias)
     else:
       outputs = type(self).estimator(self.make_rng("sample"), contract, inputs, kernel, bias,
@@ -146,7 +161,29 @@ class _BayesianLinear(nn.Module):
     return outputs
 
 
-class DenseReparameterization(_BayesianLinear):
+class Dense(_Linear):
+  """``nn.Dense`` with T5X-style ``kernel_axes``: the deterministic twin.
+
+  Computes exactly what ``nn.Dense`` computes; takes (and ignores) the
+  ``deterministic`` argument and posterior attributes of its Bayesian
+  siblings, so models switch estimator by class alone.
+
+  Example::
+
+    >>> import jax, jax.numpy as jnp, flax.linen as nn
+    >>> from meshbayes.layers import Dense
+    >>> layer = Dense(features=4, kernel_axes=('embed', 'mlp'), bias_axes=('mlp',))
+    >>> variables = layer.init(jax.random.key(0), jnp.ones((2, 3)))
+    >>> nn.get_partition_spec(variables)['params']['kernel']
+    P('embed', 'mlp')
+
+  Attributes are those of ``_Linear``; ``features`` is an int.
+  """
+
+  estimator = None
+
+
+class DenseReparameterization(_Linear):
   """``nn.Dense`` with a normal kernel posterior, one weight sample per call.
 
   Example::
@@ -161,14 +198,14 @@ class DenseReparameterization(_BayesianLinear):
     >>> y.shape
     (2, 4)
 
-  Attributes are those of ``_BayesianLinear`` (``nn.Dense``'s plus the
+  Attributes are those of ``_Linear`` (``nn.Dense``'s plus the
   posterior's); ``features`` is an int.
   """
 
   estimator = staticmethod(estimators.reparameterization)
 
 
-class DenseFlipout(_BayesianLinear):
+class DenseFlipout(_Linear):
   """``nn.Dense`` with a normal kernel posterior and the Flipout estimator.
 
   Example::
@@ -182,13 +219,13 @@ class DenseFlipout(_BayesianLinear):
     >>> y.shape, bool(total_kl(state) > 0)
     ((2, 4), True)
 
-  Attributes are those of ``_BayesianLinear``; ``features`` is an int.
+  Attributes are those of ``_Linear``; ``features`` is an int.
   """
 
   estimator = staticmethod(estimators.flipout)
 
 
-class DenseLocalReparameterization(_BayesianLinear):
+class DenseLocalReparameterization(_Linear):
   """``nn.Dense`` with a normal kernel posterior and local reparameterization.
 
   Example::
@@ -201,14 +238,14 @@ class DenseLocalReparameterization(_BayesianLinear):
     >>> bool(jnp.allclose(mean, jnp.ones((2, 3)) @ variables['params']['kernel_loc']))
     True
 
-  Attributes are those of ``_BayesianLinear``; ``features`` is an int.
+  Attributes are those of ``_Linear``; ``features`` is an int.
   """
 
   estimator = staticmethod(estimators.local_reparameterization)
 
 
-class _BayesianDenseGeneral(_BayesianLinear):
-  """``_BayesianLinear`` over several input axes and output features.
+class _DenseGeneralBase(_Linear):
+  """``_Linear`` over several input axes and output features.
 
   Attributes:
     axis: the input axes to contract (int or tuple), as in ``nn.DenseGeneral``.
@@ -220,7 +257,24 @@ class _BayesianDenseGeneral(_BayesianLinear):
     return _as_tuple(self.axis)
 
 
-class DenseGeneralReparameterization(_BayesianDenseGeneral):
+class DenseGeneral(_DenseGeneralBase):
+  """``nn.DenseGeneral`` with T5X-style ``kernel_axes``: the deterministic twin.
+
+  Example::
+
+    >>> import jax, jax.numpy as jnp
+    >>> from meshbayes.layers import DenseGeneral
+    >>> layer = DenseGeneral(features=(2, 5), use_bias=False, kernel_axes=('embed', 'heads', 'kv'))
+    >>> layer.init(jax.random.key(0), jnp.ones((1, 3)))['params']['kernel'].value.shape
+    (3, 2, 5)
+
+  Attributes are those of ``_DenseGeneralBase``.
+  """
+
+  estimator = None
+
+
+class DenseGeneralReparameterization(_DenseGeneralBase):
   """``nn.DenseGeneral`` with a normal kernel posterior, one weight sample per call.
 
   Example::
@@ -232,13 +286,13 @@ class DenseGeneralReparameterization(_BayesianDenseGeneral):
     >>> jax.tree_util.tree_map(jnp.shape, variables['params'])
     {'kernel_loc': (3, 2, 5), 'kernel_scale': (3, 2, 5)}
 
-  Attributes are those of ``_BayesianDenseGeneral``.
+  Attributes are those of ``_DenseGeneralBase``.
   """
 
   estimator = staticmethod(estimators.reparameterization)
 
 
-class DenseGeneralFlipout(_BayesianDenseGeneral):
+class DenseGeneralFlipout(_DenseGeneralBase):
   """``nn.DenseGeneral`` with a normal kernel posterior and the Flipout estimator.
 
   The attention projections of the Bayesian Transformer. Example (a query
@@ -255,13 +309,13 @@ class DenseGeneralFlipout(_BayesianDenseGeneral):
     >>> query.apply(variables, x, rngs={'sample': jax.random.key(1)}).shape
     (1, 5, 2, 4)
 
-  Attributes are those of ``_BayesianDenseGeneral``.
+  Attributes are those of ``_DenseGeneralBase``.
   """
 
   estimator = staticmethod(estimators.flipout)
 
 
-class DenseGeneralLocalReparameterization(_BayesianDenseGeneral):
+class DenseGeneralLocalReparameterization(_DenseGeneralBase):
   """``nn.DenseGeneral`` with a normal kernel posterior and local reparameterization.
 
   Example (an attention output projection from ``heads x kv`` to ``embed``)::
@@ -274,7 +328,34 @@ class DenseGeneralLocalReparameterization(_BayesianDenseGeneral):
     >>> out.apply(variables, x, rngs={'sample': jax.random.key(1)}).shape
     (1, 5, 8)
 
-  Attributes are those of ``_BayesianDenseGeneral``.
+  Attributes are those of ``_DenseGeneralBase``.
   """
 
   estimator = staticmethod(estimators.local_reparameterization)
+
+
+ESTIMATORS = ("deterministic", "reparameterization", "flipout", "local_reparameterization")
+_DENSE = dict(zip(ESTIMATORS, (Dense, DenseReparameterization, DenseFlipout,
+                               DenseLocalReparameterization)))
+_DENSE_GENERAL = dict(zip(ESTIMATORS, (DenseGeneral, DenseGeneralReparameterization,
+                                       DenseGeneralFlipout, DenseGeneralLocalReparameterization)))
+
+
+def _lookup(table: dict[str, type[_Linear]], estimator: str, what: str) -> type[_Linear]:
+  if estimator not in table:
+    raise ValueError(f"{what}: estimator={estimator!r} is not one of {', '.join(ESTIMATORS)}")
+  return table[estimator]
+
+
+def dense_class(estimator: str) -> type[_Linear]:
+  """The Dense class of an estimator name (``'deterministic'``, ``'flipout'``, ...).
+
+  >>> dense_class('flipout').__name__
+  'DenseFlipout'
+  """
+  return _lookup(_DENSE, estimator, "dense_class")
+
+
+def dense_general_class(estimator: str) -> type[_Linear]:
+  """The DenseGeneral class of an estimator name."""
+  return _lookup(_DENSE_GENERAL, estimator, "dense_general_class")

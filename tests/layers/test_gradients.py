@@ -139,3 +139,28 @@ def test_flipout_lowers_gradient_variance_against_reparameterization():
   ratio = gradient_variance("DenseFlipout") / gradient_variance("DenseReparameterization")
   print(f"gradient variance Flipout / reparameterization at batch 64: {ratio:.4f}")
   assert 0.1 < ratio < 0.35, ratio
+
+
+@pytest.mark.parametrize("ours, theirs, kwargs", [
+    (layers.Dense, nn.Dense, {"features": 3}),
+    (layers.DenseGeneral, nn.DenseGeneral, {"features": (2, 3), "axis": (-2, -1)}),
+])
+def test_deterministic_twins_compute_what_flax_computes(ours, theirs, kwargs):
+  x = jax.random.normal(jax.random.key(0), (2, 5, 4))
+  layer = ours(**kwargs, kernel_axes=None)
+  variables = layer.init(jax.random.key(1), x)
+  assert set(variables["params"]) == {"kernel", "bias"}
+  params = randomize_posterior(variables["params"], jax.random.key(2))
+  out, state = layer.apply({"params": params}, x, rngs={"sample": jax.random.key(3)},
+                           mutable=[layers.KL_COLLECTION])
+  np.testing.assert_array_equal(out, theirs(**kwargs).apply({"params": params}, x))
+  assert float(layers.total_kl(state)) == 0.0
+
+
+def test_estimator_names():
+  assert [layers.dense_class(e).__name__ for e in layers.ESTIMATORS] == [
+      "Dense", "DenseReparameterization", "DenseFlipout", "DenseLocalReparameterization"]
+  assert layers.dense_general_class("flipout") is layers.DenseGeneralFlipout
+  with pytest.raises(ValueError, match="estimator='mc_dropout' is not one of deterministic, "
+                                       "reparameterization, flipout, local_reparameterization"):
+    layers.dense_class("mc_dropout")

@@ -1,0 +1,107 @@
+"""Input data on the mesh: which examples each host reads, and the global batch.
+
+The global batch is split over the mesh axes that the ``batch`` rule names
+(``data``). A host reads the examples of the batch shards its devices hold;
+hosts whose devices hold the same shards (model parallelism across hosts) read
+the same examples. ``data_layout`` reports this as the ``(shard_id,
+num_shards)`` a data pipeline shards its input by (seqio's ``ShardInfo``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class DataLayout:
+  """What one host's input pipeline must produce.
+
+  Attributes:
+    global_batch_size: examples per step over all hosts.
+    per_host_batch_size: examples this host feeds per step.
+    shard_id: which shard of the dataset this host reads (0-based).
+    num_shards: into how many shards the dataset is split.
+  """
+
+  global_batch_size: int
+  per_host_batch_size: int
+  shard_id: int
+  num_shards: int
+
+
+def _batch_mesh_axes(batch_spec: PartitionSpec) -> tuple[str, ...]:
+  axes = batch_spec[0] if len(batch_spec) else None
+  return () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+
+
+def batch_shards(mesh: Mesh, batch_spec: PartitionSpec) -> int:
+  """Number of pieces the batch dimension is split into."""
+  return math.prod(mesh.shape[a] for a in _batch_mesh_axes(batch_spec))
+
+
+def data_layout(mesh: Mesh, batch_spec: PartitionSpec, global_batch_size: int,
+                process_index: int | None = None) -> DataLayout:
+  """The data layout of one host.
+
+  Args:
+    mesh: the device mesh.
+    batch_spec: the mesh ``PartitionSpec`` of a batch (its first entry splits
+      the batch dimension).
+    global_batch_size: examples per step over all hosts.
+    process_index: the host (default: this process).
+
+  Returns:
+    The host's ``DataLayout``.
+
+  Raises:
+    ValueError: the batch does not divide over the mesh, or hosts hold
+      overlapping but unequal sets of batch shards.
+  """
+  shards = batch_shards(mesh, batch_spec)
+  if global_batch_size % shards:
+    raise ValueError(f"global batch of {global_batch_size} examples cannot be split into "
+                     f"{shards} equal shards over mesh axes {_batch_mesh_axes(batch_spec)}; "
+                     f"use a multiple of {shards}")
+  process_index = jax.process_index() if process_index is None else process_index
+  axes = _batch_mesh_axes(batch_spec)
+  sizes = [mesh.shape[a] for a in axes]
+  positions = [mesh.axis_names.index(a) for a in axes]
+  per_process: dict[int, set[int]] = {}
+  for coords, device in np.ndenumerate(mesh.devices):
+    shard = int(np.ravel_multi_index([coords[p] for p in positions], sizes)) if axes else 0
+    per_process.setdefault(device.process_index, set()).add(shard)
+  groups = sorted({tuple(sorted(s)) for s in per_process.values()})
+  held = [shard for group in groups for shard in group]
+  if len(held) != len(set(held)):
+    raise ValueError(f"hosts hold overlapping but unequal batch shards {groups}; use a mesh "
+                     "where each host's devices hold whole, disjoint batch shards")
+  mine = tuple(sorted(per_process[process_index]))
+  return DataLayout(global_batch_size=global_batch_size,
+                    per_host_batch_size=global_batch_size * len(mine) // shards,
+                    shard_id=groups.index(mine), num_shards=len(groups))
+
+
+def global_batch(mesh: Mesh, batch_spec: PartitionSpec, local_batch: Any) -> Any:
+  """Turns each host's local batch into global ``jax.Array``s split over the batch axes.
+
+  Args:
+    mesh: the device mesh.
+    batch_spec: the mesh ``PartitionSpec`` of the batch dimension.
+    local_batch: a pytree of host arrays, this host's ``per_host_batch_size``
+      examples (all of them on a single host).
+
+  Returns:
+    The same pytree of global arrays.
+  """
+  def place(x):
+    x = np.asarray(x)
+    spec = PartitionSpec(*batch_spec, *([None] * (x.ndim - len(batch_spec))))
+    return jax.make_array_from_process_local_data(NamedSharding(mesh, spec), x)
+
+  return jax.tree.map(place, local_batch)

@@ -1,0 +1,93 @@
+"""Print where every array of a model's train state lives on a mesh, and its bytes per device.
+
+What to look at before launching a pod job: each parameter and optimizer-state
+array with its logical axes, mesh axes, total and per-device bytes, and the
+per-device totals.
+
+  python tools/inspect_partitioning.py --model=mlp --mesh=2x4 --rules=megatron
+  python tools/inspect_partitioning.py --model=mlp --mesh=2x4 --rules=fsdp_tp --optimizer=adafactor
+
+On a CPU machine the mesh's devices are simulated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import flax.linen as nn  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import optax  # noqa: E402
+
+import partitioning  # noqa: E402
+from models import MLP  # noqa: E402
+
+OPTIMIZERS = {
+    "adamw": lambda: optax.adamw(1e-3),
+    "adafactor": lambda: optax.adafactor(1e-3),
+    "sgd": lambda: optax.sgd(1e-3, momentum=0.9),
+}
+
+
+def parse_mesh(text: str) -> tuple[int, int]:
+  """``'2x4'`` -> ``(2, 4)``: data x model sizes, -1 allowed for one of them."""
+  try:
+    data, model = (int(part) for part in text.lower().split("x"))
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"--mesh={text!r} must be DATAxMODEL, e.g. 2x4 or -1x2")
+  return data, model
+
+
+def build_model(args: argparse.Namespace):
+  """The model and an example input batch."""
+  estimators = ("deterministic" if args.deterministic else "flipout",
+                "deterministic" if args.deterministic else "local_reparameterization",
+                "deterministic" if args.deterministic else "flipout")
+  model = MLP(hidden_dims=(args.hidden, args.hidden), num_classes=args.classes,
+              estimators=estimators)
+  return model, jnp.zeros((args.batch, args.input_dim), jnp.float32)
+
+
+def main(argv: Sequence[str] | None = None) -> str:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--model", choices=["mlp"], default="mlp")
+  parser.add_argument("--mesh", type=parse_mesh, default=(2, 4), help="DATAxMODEL, e.g. 2x4")
+  parser.add_argument("--rules", default="megatron", choices=sorted(partitioning.PRESETS))
+  parser.add_argument("--optimizer", default="adamw", choices=sorted(OPTIMIZERS))
+  parser.add_argument("--deterministic", action="store_true", help="the deterministic twin")
+  parser.add_argument("--hidden", type=int, default=1024)
+  parser.add_argument("--input_dim", type=int, default=512)
+  parser.add_argument("--classes", type=int, default=1024)
+  parser.add_argument("--batch", type=int, default=8)
+  args = parser.parse_args(argv)
+
+  data, model_size = args.mesh
+  partitioning.simulate_cpu_devices(max(8, data * model_size))
+  devices = jax.devices()
+  if data != -1 and model_size != -1:
+    devices = devices[:data * model_size]
+  partitioner = partitioning.Partitioner(data=data, model=model_size, rules=args.rules,
+                                         devices=devices)
+  model, batch = build_model(args)
+  optimizer = OPTIMIZERS[args.optimizer]()
+
+  def init_state(key):
+    params = model.init(key, batch)["params"]
+    return {"params": params, "opt_state": optimizer.init(nn.unbox(params))}
+
+  abstract = jax.eval_shape(init_state, jax.random.key(0))
+  table = partitioning.format_table(partitioner, partitioning.placements(partitioner, abstract))
+  print(f"model {args.model} ({'deterministic' if args.deterministic else 'Bayesian'}), "
+        f"rules {args.rules}, optimizer {args.optimizer}")
+  print(table)
+  return table
+
+
+if __name__ == "__main__":
+  main()
