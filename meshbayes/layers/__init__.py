@@ -9,7 +9,8 @@ from meshbayes.layers.dense import (ESTIMATORS, Dense, DenseFlipout, DenseGenera
                                     DenseGeneralFlipout, DenseGeneralLocalReparameterization,
                                     DenseGeneralReparameterization, DenseLocalReparameterization,
                                     DenseReparameterization, dense_class, dense_general_class)
-from meshbayes.layers.embed import EmbedReparameterization
+from meshbayes.layers.embed import (Embed, EmbedFlipout, EmbedLocalReparameterization,
+                                    EmbedReparameterization, embed_class)
 from meshbayes.layers.estimators import Normal
 from meshbayes.layers.initializers import constant_stddev, fan_in_stddev, softplus_inverse
 from meshbayes.layers.kl import KL_COLLECTION, KL_NAME, kl_penalty, total_kl
@@ -22,7 +23,8 @@ from meshbayes.layers.variational import SAMPLE_RNG
 __all__ = [
     "Dense", "DenseGeneral", "ESTIMATORS", "dense_class", "dense_general_class", "DenseFlipout", "DenseGeneralFlipout", "DenseGeneralLocalReparameterization",
     "DenseGeneralReparameterization", "DenseLocalReparameterization", "DenseReparameterization",
-    "EmbedReparameterization", "KL_COLLECTION", "KL_NAME", "Normal", "NormalPrior", "Prior",
+    "Embed", "EmbedFlipout", "EmbedLocalReparameterization", "EmbedReparameterization",
+    "embed_class", "KL_COLLECTION", "KL_NAME", "Normal", "NormalPrior", "Prior",
     "SAMPLE_RNG", "ScaleMixtureNormalPrior", "TrainableNormalPrior", "constant_stddev",
     "fan_in_stddev", "kl_penalty", "moped_params", "normal_kl", "softplus_inverse", "total_kl",
 ]

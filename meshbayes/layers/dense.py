@@ -55,8 +55,9 @@ def _contract(inputs: Array, kernel: Array, *, axis: tuple[int, ...], precision:
 class _Linear(nn.Module):
   """The shared body of the Dense layers; subclasses pick the estimator.
 
-  ``estimator = None`` (the deterministic twins) keeps point weights: a
-  ``kernel`` and a ``bias`` as flax's, and the posterior attributes unused.
+  ``estimator`` names the estimator (a key of ``estimators.DENSE``); ``None``
+  (the deterministic twins) keeps point weights: a ``kernel`` and a ``bias``
+  as flax's, and the posterior attributes unused.
 
   Attributes:
     features: number (or, for DenseGeneral, tuple) of output features.
@@ -94,7 +95,7 @@ class _Linear(nn.Module):
   prior: Prior = NormalPrior()
   deterministic: bool | None = None
 
-  estimator: ClassVar[estimators.Estimator | None]
+  estimator: ClassVar[str | None]
 
   def _contracting_axes(self) -> tuple[int, ...]:
     return (-1,)
@@ -154,8 +155,8 @@ class _Linear(nn.Module):
     if not bayesian or use_posterior_mean(self, deterministic):
       outputs = estimators.posterior_mean(contract, inputs, kernel, bias)
     else:
-      outputs = type(self).estimator(self.make_rng("sample"), contract, inputs, kernel, bias,
-                                     constrain_like(kernel_box))
+      outputs = estimators.DENSE[self.estimator](self.make_rng("sample"), contract, inputs,
+                                                 kernel, bias, constrain_like(kernel_box))
     if deterministic_bias is not None:
       outputs = outputs + deterministic_bias.astype(dtype)
     return outputs
@@ -202,7 +203,7 @@ class DenseReparameterization(_Linear):
   posterior's); ``features`` is an int.
   """
 
-  estimator = staticmethod(estimators.reparameterization)
+  estimator = "reparameterization"
 
 
 class DenseFlipout(_Linear):
@@ -222,7 +223,7 @@ class DenseFlipout(_Linear):
   Attributes are those of ``_Linear``; ``features`` is an int.
   """
 
-  estimator = staticmethod(estimators.flipout)
+  estimator = "flipout"
 
 
 class DenseLocalReparameterization(_Linear):
@@ -241,7 +242,7 @@ class DenseLocalReparameterization(_Linear):
   Attributes are those of ``_Linear``; ``features`` is an int.
   """
 
-  estimator = staticmethod(estimators.local_reparameterization)
+  estimator = "local_reparameterization"
 
 
 class _DenseGeneralBase(_Linear):
@@ -289,7 +290,7 @@ class DenseGeneralReparameterization(_DenseGeneralBase):
   Attributes are those of ``_DenseGeneralBase``.
   """
 
-  estimator = staticmethod(estimators.reparameterization)
+  estimator = "reparameterization"
 
 
 class DenseGeneralFlipout(_DenseGeneralBase):
@@ -312,7 +313,7 @@ class DenseGeneralFlipout(_DenseGeneralBase):
   Attributes are those of ``_DenseGeneralBase``.
   """
 
-  estimator = staticmethod(estimators.flipout)
+  estimator = "flipout"
 
 
 class DenseGeneralLocalReparameterization(_DenseGeneralBase):
@@ -331,7 +332,7 @@ class DenseGeneralLocalReparameterization(_DenseGeneralBase):
   Attributes are those of ``_DenseGeneralBase``.
   """
 
-  estimator = staticmethod(estimators.local_reparameterization)
+  estimator = "local_reparameterization"
 
 
 ESTIMATORS = ("deterministic", "reparameterization", "flipout", "local_reparameterization")

@@ -162,3 +162,44 @@ def local_reparameterization(key: Array, contract: Contract, inputs: Array, kern
   noise = _safe_sqrt(variance) * jax.random.normal(key, variance.shape, jnp.float32)
   return (mean.astype(jnp.float32) + noise).astype(dtype)
 
+
+
+def lookup_posterior_mean(ids: Array, table: Normal) -> Array:
+  """Rows ``ids`` of the posterior mean table."""
+  return jnp.take(table.loc, ids, axis=0)
+
+
+def lookup_reparameterization(key: Array, ids: Array, table: Normal,
+                              constrain_table: Constrain = _identity) -> Array:
+  """Rows of one table sample for the whole call (a repeated id gets the same row)."""
+  return jnp.take(table.sample(key, constrain_table), ids, axis=0)
+
+
+def lookup_flipout(key: Array, ids: Array, table: Normal,
+                   constrain_table: Constrain = _identity) -> Array:
+  """Flipout for a lookup (a one-hot input): ``loc[id] + (stddev * eps)[id] * r``.
+
+  With a one-hot input the input sign only flips the one selected row, so the
+  two signs of Flipout combine into one output sign ``r`` per token and feature.
+  """
+  key_eps, key_sign = jax.random.split(key)
+  eps = constrain_table(jax.random.normal(key_eps, table.loc.shape, table.loc.dtype))
+  perturbation = jnp.take(table.stddev * eps, ids, axis=0)
+  sign = jax.random.rademacher(key_sign, perturbation.shape, perturbation.dtype)
+  return lookup_posterior_mean(ids, table) + perturbation * sign
+
+
+def lookup_local_reparameterization(key: Array, ids: Array, table: Normal,
+                                    constrain_table: Constrain = _identity) -> Array:
+  """Each looked-up vector drawn from its Gaussian, independently per token."""
+  del constrain_table
+  mean = lookup_posterior_mean(ids, table)
+  stddev = jnp.take(table.stddev, ids, axis=0)
+  return mean + stddev * jax.random.normal(key, mean.shape, mean.dtype)
+
+
+# Estimators by name: for linear maps, and for embedding lookups.
+DENSE = {"reparameterization": reparameterization, "flipout": flipout,
+         "local_reparameterization": local_reparameterization}
+LOOKUP = {"reparameterization": lookup_reparameterization, "flipout": lookup_flipout,
+          "local_reparameterization": lookup_local_reparameterization}

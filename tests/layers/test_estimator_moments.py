@@ -78,17 +78,33 @@ def test_dense_general_moments(cls_name):
   assert_moments(samples, mean, var)
 
 
-def test_embed_moments_and_one_table_per_call():
-  layer = layers.EmbedReparameterization(num_embeddings=7, features=3)
+EMBED_CLASSES = ("EmbedReparameterization", "EmbedFlipout", "EmbedLocalReparameterization")
+
+
+@pytest.mark.parametrize("cls_name", EMBED_CLASSES)
+def test_embed_lookup_and_attend_moments(cls_name):
+  layer = getattr(layers, cls_name)(num_embeddings=7, features=3)
   ids = jnp.array([[0, 3, 3], [6, 1, 0]])
   params = randomize_posterior(layer.init(jax.random.key(0), ids)["params"], jax.random.key(2))
-  samples = draw(layer, params, ids)
+  loc, sd = f64(params["embedding_loc"]), f64(stddev(params["embedding_scale"]))
+  assert_moments(draw(layer, params, ids), loc[ids], sd[ids] ** 2)
 
-  assert_moments(samples, f64(params["embedding_loc"])[ids],
-                 f64(stddev(params["embedding_scale"]))[ids] ** 2)
-  # One table per call: a repeated id gets the same vector everywhere in the batch.
+  query = jax.random.normal(jax.random.key(3), (2, 3))
+  attend = lambda k: layer.apply({"params": params}, query, method="attend", rngs={"sample": k})
+  logits = np.asarray(jax.vmap(attend)(jax.random.split(jax.random.key(1), NUM_SAMPLES)),
+                      np.float64)
+  assert_moments(logits, f64(query) @ loc.T, f64(query) ** 2 @ (sd ** 2).T)
+
+
+def test_reparameterization_lookup_uses_one_table_per_call():
+  layer = layers.EmbedReparameterization(num_embeddings=7, features=3)
+  ids = jnp.array([[0, 3, 3], [6, 1, 0]])
+  params = layer.init(jax.random.key(0), ids)["params"]
+  samples = draw(layer, params, ids, num_samples=100)
+  # A repeated id gets the same vector everywhere in the batch.
   np.testing.assert_array_equal(samples[:, 0, 1], samples[:, 0, 2])
   np.testing.assert_array_equal(samples[:, 0, 0], samples[:, 1, 2])
+  assert np.all(samples[:, 0, 0] != samples[:, 0, 1])
 
 
 def correlation(a, b):

@@ -39,8 +39,10 @@ def test_gradients_reach_every_variational_parameter(cls_name):
     assert float(jnp.max(jnp.abs(g))) > 0, f"no gradient reaches {name}"
 
 
-def test_embed_gradients_reach_loc_and_scale():
-  layer = layers.EmbedReparameterization(num_embeddings=5, features=3)
+@pytest.mark.parametrize("cls_name", ["EmbedReparameterization", "EmbedFlipout",
+                                      "EmbedLocalReparameterization"])
+def test_embed_gradients_reach_loc_and_scale(cls_name):
+  layer = getattr(layers, cls_name)(num_embeddings=5, features=3)
   ids = jnp.array([[0, 1, 4]])
   params = layer.init(jax.random.key(0), ids)["params"]
   grads = jax.grad(elbo_like_loss, argnums=1)(layer, params, ids, jax.random.key(1))
@@ -79,12 +81,14 @@ def test_posterior_mean_is_deterministic_and_equals_the_twin(cls_name):
     np.testing.assert_array_equal(out, expected)
 
 
-def test_embed_posterior_mean_equals_the_twin():
-  layer = layers.EmbedReparameterization(num_embeddings=6, features=3, deterministic=True)
+@pytest.mark.parametrize("cls_name", ["Embed", "EmbedReparameterization", "EmbedFlipout",
+                                      "EmbedLocalReparameterization"])
+def test_embed_posterior_mean_equals_the_twin(cls_name):
+  layer = getattr(layers, cls_name)(num_embeddings=6, features=3, deterministic=True)
   ids = jnp.array([[0, 5, 2]])
   params = layer.init(jax.random.key(0), ids)["params"]
   twin = nn.Embed(num_embeddings=6, features=3)
-  table = params["embedding_loc"]
+  table = params["embedding" if cls_name == "Embed" else "embedding_loc"]
   np.testing.assert_array_equal(layer.apply({"params": params}, ids),
                                 twin.apply({"params": {"embedding": table}}, ids))
   query = jax.random.normal(jax.random.key(1), (2, 3))
