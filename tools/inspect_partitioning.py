@@ -5,9 +5,11 @@ array with its logical axes, mesh axes, total and per-device bytes, and the
 per-device totals.
 
   python tools/inspect_partitioning.py --model=mlp --mesh=2x4 --rules=megatron
-  python tools/inspect_partitioning.py --model=mlp --mesh=2x4 --rules=fsdp_tp --optimizer=adafactor
+  python tools/inspect_partitioning.py --model=base --mesh=2x4 --rules=fsdp_tp --optimizer=adafactor
 
-On a CPU machine the mesh's devices are simulated.
+``--model`` is ``mlp`` or a Transformer preset (tiny, small, base, large, paper,
+10b). Only shapes are computed, so any preset is inspected in seconds. On a CPU
+machine the mesh's devices are simulated.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import optax  # noqa: E402
 
 import partitioning  # noqa: E402
 from models import MLP  # noqa: E402
+from models.configurables import PRESETS, preset_config  # noqa: E402
+from models.encoder_decoder import EncoderDecoderModel  # noqa: E402
 
 OPTIMIZERS = {
     "adamw": lambda: optax.adamw(1e-3),
@@ -44,19 +48,24 @@ def parse_mesh(text: str) -> tuple[int, int]:
   return data, model
 
 
-def build_model(args: argparse.Namespace):
-  """The model and an example input batch."""
-  estimators = ("deterministic" if args.deterministic else "flipout",
-                "deterministic" if args.deterministic else "local_reparameterization",
-                "deterministic" if args.deterministic else "flipout")
-  model = MLP(hidden_dims=(args.hidden, args.hidden), num_classes=args.classes,
-              estimators=estimators)
-  return model, jnp.zeros((args.batch, args.input_dim), jnp.float32)
+def model_init(args: argparse.Namespace):
+  """A function from a PRNG key to the model's (boxed) parameters."""
+  if args.model == "mlp":
+    estimators = (("deterministic",) * 3 if args.deterministic
+                  else ("flipout", "local_reparameterization", "flipout"))
+    model = MLP(hidden_dims=(args.hidden, args.hidden), num_classes=args.classes,
+                estimators=estimators)
+    inputs = jnp.zeros((args.batch, args.input_dim), jnp.float32)
+    return lambda key: model.init(key, inputs)["params"]
+  model = EncoderDecoderModel(preset_config(args.model, deterministic=args.deterministic))
+  shapes = {name: (args.batch, args.length) for name in (
+      "encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens")}
+  return lambda key: model.get_initial_variables(key, shapes)["params"]
 
 
 def main(argv: Sequence[str] | None = None) -> str:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--model", choices=["mlp"], default="mlp")
+  parser.add_argument("--model", choices=("mlp",) + PRESETS, default="mlp")
   parser.add_argument("--mesh", type=parse_mesh, default=(2, 4), help="DATAxMODEL, e.g. 2x4")
   parser.add_argument("--rules", default="megatron", choices=sorted(partitioning.PRESETS))
   parser.add_argument("--optimizer", default="adamw", choices=sorted(OPTIMIZERS))
@@ -65,6 +74,7 @@ def main(argv: Sequence[str] | None = None) -> str:
   parser.add_argument("--input_dim", type=int, default=512)
   parser.add_argument("--classes", type=int, default=1024)
   parser.add_argument("--batch", type=int, default=8)
+  parser.add_argument("--length", type=int, default=16, help="sequence length (Transformers)")
   args = parser.parse_args(argv)
 
   data, model_size = args.mesh
@@ -74,15 +84,16 @@ def main(argv: Sequence[str] | None = None) -> str:
     devices = devices[:data * model_size]
   partitioner = partitioning.Partitioner(data=data, model=model_size, rules=args.rules,
                                          devices=devices)
-  model, batch = build_model(args)
+  init_params = model_init(args)
   optimizer = OPTIMIZERS[args.optimizer]()
 
   def init_state(key):
-    params = model.init(key, batch)["params"]
+    params = init_params(key)
     return {"params": params, "opt_state": optimizer.init(nn.unbox(params))}
 
   abstract = jax.eval_shape(init_state, jax.random.key(0))
-  table = partitioning.format_table(partitioner, partitioning.placements(partitioner, abstract))
+  rows = partitioning.placements(partitioner, abstract)
+  table = partitioning.format_table(partitioner, rows)
   print(f"model {args.model} ({'deterministic' if args.deterministic else 'Bayesian'}), "
         f"rules {args.rules}, optimizer {args.optimizer}")
   print(table)

@@ -5,6 +5,7 @@ Each layer keeps its flax twin's constructor and call; see ``dense`` and
 KL in ``priors``; how the recorded KL enters a loss in ``kl``.
 """
 
+from meshbayes.layers.counting import ParameterCounts, count_parameters
 from meshbayes.layers.dense import (ESTIMATORS, Dense, DenseFlipout, DenseGeneral,
                                     DenseGeneralFlipout, DenseGeneralLocalReparameterization,
                                     DenseGeneralReparameterization, DenseLocalReparameterization,
@@ -21,7 +22,7 @@ from meshbayes.layers import estimators
 from meshbayes.layers.variational import SAMPLE_RNG
 
 __all__ = [
-    "Dense", "DenseGeneral", "ESTIMATORS", "dense_class", "dense_general_class", "DenseFlipout", "DenseGeneralFlipout", "DenseGeneralLocalReparameterization",
+    "ParameterCounts", "count_parameters", "Dense", "DenseGeneral", "ESTIMATORS", "dense_class", "dense_general_class", "DenseFlipout", "DenseGeneralFlipout", "DenseGeneralLocalReparameterization",
     "DenseGeneralReparameterization", "DenseLocalReparameterization", "DenseReparameterization",
     "Embed", "EmbedFlipout", "EmbedLocalReparameterization", "EmbedReparameterization",
     "embed_class", "KL_COLLECTION", "KL_NAME", "Normal", "NormalPrior", "Prior",

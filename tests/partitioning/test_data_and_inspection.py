@@ -104,5 +104,8 @@ def test_inspect_partitioning_tool():
   table = tool.main(["--mesh=2x4", "--rules=fsdp_tp", "--hidden=64", "--input_dim=32",
                      "--classes=32", "--optimizer=adafactor"])
   assert "params/dense_0/kernel_loc" in table and "(data, model)" in table
+  table = tool.main(["--model=tiny", "--mesh=-1x2", "--rules=megatron"])
+  assert "params/encoder/layers/attention/query/kernel_scale" in table
+  assert "(layers, embed, heads, kv)  (-, -, model, -)" in table
   with pytest.raises(SystemExit):
     tool.main(["--mesh=2by4"])

@@ -1,0 +1,51 @@
+"""Registers the models with gin, for configuration files.
+
+Importing this module makes ``models.TransformerConfig``, ``models.Estimators``
+and ``models.EncoderDecoderModel`` configurable; the presets in
+``gin_configs/models/`` bind them::
+
+  include 'models/base.gin'
+  models.Estimators.mlp = 'flipout'
+
+The classes themselves do not depend on gin.
+"""
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import gin
+
+from models.encoder_decoder import EncoderDecoderModel
+from models.transformer import Estimators, TransformerConfig
+
+gin.external_configurable(TransformerConfig, module="models")
+gin.external_configurable(Estimators, module="models")
+gin.external_configurable(EncoderDecoderModel, module="models")
+
+GIN_CONFIGS = Path(__file__).resolve().parents[1] / "gin_configs"
+PRESETS = ("tiny", "small", "base", "large", "paper", "10b")
+
+
+def preset_config(name: str, deterministic: bool = False, bindings: Sequence[str] = ()
+                  ) -> TransformerConfig:
+  """The ``TransformerConfig`` of a size preset in ``gin_configs/models/``.
+
+  Parses with gin's global configuration, which it clears before and after.
+
+  Args:
+    name: one of ``PRESETS``.
+    deterministic: include ``models/deterministic.gin`` (the baseline).
+    bindings: extra gin bindings, e.g. ``["models.Estimators.mlp = 'flipout'"]``.
+  """
+  if name not in PRESETS:
+    raise ValueError(f"preset_config: name={name!r} is not one of {', '.join(PRESETS)}")
+  files = [GIN_CONFIGS / "models" / f"{name}.gin"]
+  if deterministic:
+    files.append(GIN_CONFIGS / "models" / "deterministic.gin")
+  gin.clear_config()
+  gin.add_config_file_search_path(str(GIN_CONFIGS))
+  try:
+    gin.parse_config_files_and_bindings([str(f) for f in files], list(bindings))
+    return gin.get_configurable("models.TransformerConfig")()
+  finally:
+    gin.clear_config()

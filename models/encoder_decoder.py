@@ -1,0 +1,291 @@
+"""The encoder-decoder model behind the trainer's interface: ELBO loss, evaluation,
+scoring and Bayesian decoding of the Transformer.
+
+Batches follow T5X: ``encoder_input_tokens``, ``decoder_input_tokens`` (the
+targets shifted right, starting with 0), ``decoder_target_tokens`` and
+``decoder_loss_weights``; 0 is padding and BOS, ``eos_id`` ends a sequence.
+
+Bayesian predictions come in two modes. The posterior mean runs each weight
+at its mean (one pass). Bayesian model averaging draws ``S`` weight samples,
+holds each fixed over a whole sequence (every Bayesian layer switches to
+reparameterization, which samples whole weights from the ``'sample'`` key),
+and averages the ``S`` next-token distributions, so beam search and sampling
+run over the predictive distribution. Each step also reports the mutual
+information between the next token and the weights (epistemic uncertainty).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from meshbayes import predictive
+from meshbayes.layers import KL_COLLECTION, kl_penalty, total_kl
+from models import decoding
+from models.base import Batch, BaseModel, Metrics
+from models.transformer import Transformer, TransformerConfig
+
+Array = jax.Array
+
+LOSS_NORMALIZATIONS = ("tokens", "examples")
+
+
+def cross_entropy(logits: Array, targets: Array, label_smoothing: float = 0.0
+                  ) -> tuple[Array, Array, Array]:
+  """Token cross-entropy, optionally label-smoothed, and the log-partition.
+
+  Returns:
+    ``(loss, nll, log_z)`` per token: ``loss`` uses smoothed targets and is 0
+    at its minimum (the entropy of the smoothed target is subtracted, as T5X
+    does); ``nll`` is the plain negative log-likelihood.
+  """
+  log_z = jax.nn.logsumexp(logits, axis=-1)
+  log_probs = logits - log_z[..., None]
+  nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+  if not label_smoothing:
+    return nll, nll, log_z
+  vocab = logits.shape[-1]
+  confidence, low = 1.0 - label_smoothing, label_smoothing / (vocab - 1)
+  soft = jax.nn.one_hot(targets, vocab) * (confidence - low) + low
+  entropy = -(confidence * math.log(confidence) + (vocab - 1) * low * math.log(low + 1e-20))
+  return -jnp.sum(soft * log_probs, axis=-1) - entropy, nll, log_z
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderDecoderModel(BaseModel):
+  """The Transformer with the trainer's interface.
+
+  Attributes:
+    config: the network.
+    num_train_units: size of the training set in the units the NLL is
+      averaged over (target tokens or examples): the KL is divided by it.
+    loss_normalization: ``tokens`` (mean NLL per target token) or ``examples``
+      (per-sequence NLL averaged over sequences).
+    label_smoothing: label smoothing of the training loss.
+    z_loss: weight of ``log(Z)^2``, which keeps the softmax normalizer near 1.
+    eos_id: end-of-sequence id.
+  """
+
+  config: TransformerConfig
+  num_train_units: float = 1.0
+  loss_normalization: str = "tokens"
+  label_smoothing: float = 0.0
+  z_loss: float = 1e-4
+  eos_id: int = 1
+
+  def __post_init__(self):
+    if self.loss_normalization not in LOSS_NORMALIZATIONS:
+      raise ValueError(f"EncoderDecoderModel: loss_normalization={self.loss_normalization!r} "
+                       f"must be one of {LOSS_NORMALIZATIONS}")
+    if not self.num_train_units > 0:
+      raise ValueError(f"EncoderDecoderModel: num_train_units={self.num_train_units!r} must be "
+                       "the (positive) number of training tokens or examples")
+    if not 0.0 <= self.label_smoothing < 1.0:
+      raise ValueError(f"EncoderDecoderModel: label_smoothing={self.label_smoothing!r} must be "
+                       "in [0, 1)")
+
+  @property
+  def module(self) -> Transformer:
+    """The network with its training estimators."""
+    return Transformer(self.config)
+
+  @property
+  def sampling_module(self) -> Transformer:
+    """The same parameters with every Bayesian layer drawing whole weight samples."""
+    return Transformer(self.config.replace(
+        estimators=self.config.estimators.for_weight_samples()))
+
+  def get_initial_variables(self, rng, input_shapes):
+    tokens = lambda name: jnp.ones(input_shapes[name], jnp.int32)
+    return self.module.init(rng, tokens("encoder_input_tokens"),
+                            tokens("decoder_input_tokens"), tokens("decoder_target_tokens"))
+
+  def _normalize(self, per_token: Array, weights: Array) -> Array:
+    total = jnp.sum(per_token * weights)
+    if self.loss_normalization == "tokens":
+      return total / jnp.maximum(jnp.sum(weights), 1.0)
+    return total / per_token.shape[0]
+
+  def _loss_and_metrics(self, logits: Array, kl: Array, batch: Batch,
+                        kl_weight: float | Array, label_smoothing: float) -> tuple[Array, Metrics]:
+    targets, weights = batch["decoder_target_tokens"], batch["decoder_loss_weights"]
+    weights = weights.astype(jnp.float32)
+    loss, nll, log_z = cross_entropy(logits, targets, label_smoothing)
+    data_loss = self._normalize(loss, weights)
+    z_loss = self.z_loss * self._normalize(jnp.square(log_z), weights)
+    kl_term = kl_penalty(kl, self.num_train_units, kl_weight)
+    total = data_loss + z_loss + kl_term
+    correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
+    num_tokens = jnp.maximum(jnp.sum(weights), 1.0)
+    return total, {
+        "loss": total, "nll": self._normalize(nll, weights), "kl": kl, "kl_term": kl_term,
+        "kl_weight": jnp.asarray(kl_weight, jnp.float32), "z_loss": z_loss,
+        "accuracy": jnp.sum(correct * weights) / num_tokens, "num_tokens": jnp.sum(weights)}
+
+  def _teacher_forced(self, params, batch, **kwargs):
+    return self.module.apply({"params": params}, batch["encoder_input_tokens"],
+                             batch["decoder_input_tokens"], batch["decoder_target_tokens"],
+                             mutable=[KL_COLLECTION], **kwargs)
+
+  def loss_fn(self, params, batch, rng, kl_weight=1.0):
+    dropout_rng, sample_rng = jax.random.split(rng)
+    logits, state = self._teacher_forced(params, batch, enable_dropout=True,
+                                         rngs={"dropout": dropout_rng, "sample": sample_rng})
+    return self._loss_and_metrics(logits, total_kl(state), batch, kl_weight,
+                                  self.label_smoothing)
+
+  def eval_fn(self, params, batch, rng=None):
+    """Posterior-mean teacher-forced loss (the ELBO with kl_weight 1) and metrics."""
+    del rng
+    logits, state = self._teacher_forced(params, batch, deterministic=True)
+    return self._loss_and_metrics(logits, total_kl(state), batch, 1.0, 0.0)
+
+  def _sample_keys(self, rng: Array | None, num_samples: int) -> tuple[Array, bool]:
+    """Keys of the weight samples, and whether to use the posterior mean instead."""
+    if num_samples == 0 or not self.config.estimators.is_bayesian:
+      return jax.random.key(0)[None], True
+    if rng is None:
+      raise ValueError(f"num_samples={num_samples} posterior samples need an rng")
+    return jax.random.split(rng, num_samples), False
+
+  def score_batch(self, params, batch, rng=None, num_samples=0):
+    """Target log-probabilities under the posterior mean or the model average.
+
+    Returns:
+      ``(sequence_log_probs (batch,), aux)`` with ``token_log_probs`` and, for
+      ``num_samples > 0``, ``token_mutual_information`` (both ``(batch, length)``,
+      0 at padding).
+    """
+    keys, mean = self._sample_keys(rng, num_samples)
+    module = self.sampling_module
+
+    def log_probs(key):
+      logits = module.apply({"params": params}, batch["encoder_input_tokens"],
+                            batch["decoder_input_tokens"], batch["decoder_target_tokens"],
+                            deterministic=mean, rngs={"sample": key})
+      return jax.nn.log_softmax(logits)
+
+    samples = jax.lax.map(log_probs, keys)  # (S, batch, length, vocab)
+    average = predictive.model_average(samples)
+    weights = batch["decoder_loss_weights"].astype(jnp.float32)
+    targets = batch["decoder_target_tokens"]
+    token_log_probs = jnp.take_along_axis(average, targets[..., None], -1)[..., 0] * weights
+    aux = {"token_log_probs": token_log_probs}
+    if not mean:
+      aux["token_mutual_information"] = predictive.mutual_information(samples) * weights
+    return token_log_probs.sum(-1), aux
+
+  def predict_batch_with_aux(self, params, batch, rng=None, *, method: str = "beam",
+                             beam_size: int = 4, alpha: float = 0.6, num_decodes: int = 1,
+                             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                             num_samples: int = 0, max_length: int | None = None):
+    """Decodes the inputs.
+
+    Args:
+      params: the parameters.
+      batch: needs ``encoder_input_tokens``; ``decoder_target_tokens`` sets the
+        default ``max_length``.
+      rng: PRNG key (sampling, and weight samples when ``num_samples > 0``).
+      method: ``beam``, ``greedy`` or ``sample``.
+      beam_size: beams (``beam``).
+      alpha: length penalty exponent (``beam``).
+      num_decodes: samples per input (``sample``).
+      temperature: softmax temperature (``sample``).
+      top_k: top-k filtering (``sample``).
+      top_p: nucleus filtering (``sample``).
+      num_samples: 0 decodes with the posterior mean; ``S > 0`` averages ``S``
+        weight samples at every step (Bayesian model averaging).
+      max_length: most tokens to emit, EOS included.
+
+    Returns:
+      ``(tokens (batch, length), aux)``: the best decode, and ``aux`` with
+      ``scores``, ``token_log_probs``, ``all_sequences``, ``all_scores`` and,
+      for ``num_samples > 0``, ``token_mutual_information``.
+    """
+    if method not in ("beam", "greedy", "sample"):
+      raise ValueError(f"predict_batch_with_aux: method={method!r} must be beam, greedy or "
+                       "sample")
+    inputs = batch["encoder_input_tokens"]
+    batch_size = inputs.shape[0]
+    max_length = max_length or batch["decoder_target_tokens"].shape[-1]
+    rng = jax.random.key(0) if rng is None else rng
+    weights_rng, decode_rng = jax.random.split(rng)
+    step_fn, reorder, cache = self.incremental_decoder(params, inputs, max_length, weights_rng,
+                                                       num_samples)
+    common = dict(batch_size=batch_size, max_length=max_length, eos_id=self.eos_id,
+                  vocab_mask=jnp.arange(self.config.vocab_size) != 0)
+    if method == "beam":
+      result = decoding.beam_search(step_fn, reorder, cache, beam_size=beam_size, alpha=alpha,
+                                    **common)
+    else:
+      result = decoding.sample(step_fn, reorder, cache, decode_rng,
+                               num_decodes=1 if method == "greedy" else num_decodes,
+                               temperature=0.0 if method == "greedy" else temperature,
+                               top_k=top_k, top_p=top_p, **common)
+    aux = {"scores": result.scores[:, 0], "token_log_probs": result.token_log_probs[:, 0],
+           "all_sequences": result.sequences, "all_scores": result.scores}
+    if "mutual_information" in result.aux:
+      aux["token_mutual_information"] = result.aux["mutual_information"][:, 0]
+    return result.sequences[:, 0], aux
+
+  def incremental_decoder(self, params: Any, inputs: Array, max_length: int,
+                          rng: Array | None = None, num_samples: int = 0):
+    """The step function, cache reordering and initial cache for ``models.decoding``.
+
+    Args:
+      params: the parameters.
+      inputs: ``(batch, input length)`` encoder input tokens.
+      max_length: decoder positions to cache.
+      rng: key of the weight samples (needed when ``num_samples > 0``).
+      num_samples: 0 for the posterior mean, else ``S`` weight samples whose
+        next-token distributions are averaged.
+
+    Returns:
+      ``(step_fn, reorder, cache)``. The cache holds, for each weight sample
+      (a leading axis), the encoder outputs and the decoder's key/value cache.
+    """
+    keys, mean = self._sample_keys(rng, num_samples)
+    module = self.sampling_module
+    variables = {"params": params}
+
+    def encode(key):
+      return module.apply(variables, inputs, deterministic=mean, rngs={"sample": key},
+                          method=Transformer.encode)
+
+    encoded = jax.vmap(encode)(keys)
+    dummy = jnp.zeros((inputs.shape[0], max_length), jnp.int32)
+    cache_shapes = jax.eval_shape(
+        lambda: module.apply(variables, encoded[0], inputs, dummy, deterministic=mean,
+                             decode=True, max_decode_length=max_length, mutable=["cache"],
+                             rngs={"sample": keys[0]}, method=Transformer.decode)[1]["cache"])
+    num_samples = keys.shape[0]
+    decoder_cache = jax.tree.map(lambda s: jnp.zeros((num_samples,) + s.shape, s.dtype),
+                                 cache_shapes)
+    cache = {"decoder": decoder_cache, "encoded": encoded, "inputs": inputs}
+    decoder_batch_axis = 2 if self.config.scan_layers else 1  # after (samples[, layers])
+
+    def step_fn(tokens, cache):
+      def one_sample(key, decoder_cache, encoded):
+        logits, state = module.apply(
+            {"params": params, "cache": decoder_cache}, encoded, cache["inputs"],
+            tokens[:, None], deterministic=mean, decode=True, max_decode_length=max_length,
+            mutable=["cache"], rngs={"sample": key}, method=Transformer.decode)
+        return jax.nn.log_softmax(logits[:, 0]), state["cache"]
+
+      samples, decoder_cache = jax.vmap(one_sample)(keys, cache["decoder"], cache["encoded"])
+      aux = {} if mean else {"mutual_information": predictive.mutual_information(samples)}
+      return predictive.model_average(samples), aux, dict(cache, decoder=decoder_cache)
+
+    def reorder(cache, rows):
+      def take(x, axis):
+        return x if x.ndim <= axis else jnp.take(x, rows, axis=axis)
+      return {"decoder": jax.tree.map(lambda x: take(x, decoder_batch_axis), cache["decoder"]),
+              "encoded": take(cache["encoded"], 1), "inputs": take(cache["inputs"], 0)}
+
+    return step_fn, reorder, cache

@@ -1,0 +1,141 @@
+"""Configuration of the Bayesian Transformer: its sizes and each component's estimator."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from meshbayes.layers import ESTIMATORS
+
+ACTIVATIONS = ("relu", "gelu", "silu", "linear")
+REMAT_POLICIES = ("none", "full", "minimal")
+DTYPES = ("float32", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimators:
+  """The estimator of each component: ``deterministic``, ``reparameterization``,
+  ``flipout`` or ``local_reparameterization``.
+
+  The defaults are the paper's Bayesian Transformer: Flipout attention,
+  local-reparameterization feed-forward layers, deterministic embeddings and
+  logits. ``Estimators.deterministic()`` is the plain Transformer baseline.
+
+  Attributes:
+    attention: self-attention projections (query, key, value, out) of the
+      encoder and decoder.
+    cross_attention: the decoder's encoder-decoder attention projections.
+    mlp: feed-forward layers (``wi``, ``wo``).
+    embedding: the shared token embedding.
+    logits: the output projection (or, with tied logits, nothing more: the
+      embedding's estimator applies).
+  """
+
+  attention: str = "flipout"
+  cross_attention: str = "flipout"
+  mlp: str = "local_reparameterization"
+  embedding: str = "deterministic"
+  logits: str = "deterministic"
+
+  def __post_init__(self):
+    for field in dataclasses.fields(self):
+      value = getattr(self, field.name)
+      if value not in ESTIMATORS:
+        raise ValueError(f"Estimators: {field.name}={value!r} is not one of "
+                         f"{', '.join(ESTIMATORS)}")
+
+  @classmethod
+  def deterministic(cls) -> Estimators:
+    """Every component deterministic: the baseline Transformer."""
+    return cls(**{f.name: "deterministic" for f in dataclasses.fields(cls)})
+
+  @property
+  def is_bayesian(self) -> bool:
+    return any(getattr(self, f.name) != "deterministic" for f in dataclasses.fields(self))
+
+  def for_weight_samples(self) -> Estimators:
+    """Every Bayesian component as ``reparameterization``.
+
+    Flipout and local reparameterization are training estimators: they draw
+    fresh noise for every token. Predictive sampling needs whole weight
+    samples held fixed over a sequence; with the same parameters,
+    reparameterization layers draw exactly that from the ``'sample'`` key.
+    """
+    return dataclasses.replace(self, **{
+        f.name: "reparameterization" for f in dataclasses.fields(self)
+        if getattr(self, f.name) != "deterministic"})
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+  """An encoder-decoder Transformer in the T5 v1.1 style.
+
+  Attributes:
+    vocab_size: vocabulary size (shared by inputs and targets).
+    emb_dim: model width (``d_model``).
+    num_heads: attention heads.
+    head_dim: width of each head (``d_kv``).
+    num_encoder_layers: encoder blocks.
+    num_decoder_layers: decoder blocks.
+    mlp_dim: feed-forward width (``d_ff``).
+    mlp_activations: one activation per input matrix: ``('gelu', 'linear')`` is
+      T5 v1.1's gated GELU (three matrices), ``('relu',)`` the Mesh TensorFlow
+      Transformer's (two matrices).
+    dropout_rate: dropout after embeddings, attention weights, sublayers.
+    logits_via_embedding: tie the output projection to the token embedding.
+    relpos_num_buckets: relative position buckets.
+    relpos_max_distance: distance beyond which positions share a bucket.
+    dtype: compute dtype (``float32`` or ``bfloat16``); parameters stay float32.
+    scan_layers: stack each side's layers with ``nn.scan`` (a ``layers`` axis),
+      which compiles in time independent of depth.
+    remat_policy: rematerialize layers in the backward pass: ``none``, ``full``
+      or ``minimal`` (save matmul outputs).
+    estimators: each component's estimator.
+    prior_stddev: standard deviation of the N(0, s^2) prior of Bayesian weights.
+    posterior_stddev_ratio: initial posterior stddev as a fraction of
+      ``1 / sqrt(fan_in)`` (see ``meshbayes.layers.initializers``).
+  """
+
+  vocab_size: int = 32128
+  emb_dim: int = 512
+  num_heads: int = 8
+  head_dim: int = 64
+  num_encoder_layers: int = 6
+  num_decoder_layers: int = 6
+  mlp_dim: int = 2048
+  mlp_activations: tuple[str, ...] = ("gelu", "linear")
+  dropout_rate: float = 0.1
+  logits_via_embedding: bool = False
+  relpos_num_buckets: int = 32
+  relpos_max_distance: int = 128
+  dtype: str = "float32"
+  scan_layers: bool = True
+  remat_policy: str = "none"
+  estimators: Estimators = Estimators()
+  prior_stddev: float = 1.0
+  posterior_stddev_ratio: float = 0.1
+
+  def __post_init__(self):
+    object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
+    for name in ("vocab_size", "emb_dim", "num_heads", "head_dim", "num_encoder_layers",
+                 "num_decoder_layers", "mlp_dim", "relpos_num_buckets", "relpos_max_distance"):
+      if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+        raise ValueError(f"TransformerConfig: {name}={getattr(self, name)!r} must be a "
+                         "positive int")
+    if not 0.0 <= self.dropout_rate < 1.0:
+      raise ValueError(f"TransformerConfig: dropout_rate={self.dropout_rate!r} must be in [0, 1)")
+    if not self.mlp_activations or any(a not in ACTIVATIONS for a in self.mlp_activations):
+      raise ValueError(f"TransformerConfig: mlp_activations={self.mlp_activations!r} must be a "
+                       f"non-empty tuple of {', '.join(ACTIVATIONS)}")
+    if self.dtype not in DTYPES:
+      raise ValueError(f"TransformerConfig: dtype={self.dtype!r} must be one of {DTYPES}")
+    if self.remat_policy not in REMAT_POLICIES:
+      raise ValueError(f"TransformerConfig: remat_policy={self.remat_policy!r} must be one of "
+                       f"{REMAT_POLICIES}")
+    for name in ("prior_stddev", "posterior_stddev_ratio"):
+      if not getattr(self, name) > 0:
+        raise ValueError(f"TransformerConfig: {name}={getattr(self, name)!r} must be positive")
+    if not isinstance(self.estimators, Estimators):
+      raise ValueError(f"TransformerConfig: estimators={self.estimators!r} must be an Estimators")
+
+  def replace(self, **changes) -> TransformerConfig:
+    return dataclasses.replace(self, **changes)

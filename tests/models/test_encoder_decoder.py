@@ -1,0 +1,115 @@
+"""The model interface's numbers: the ELBO's terms, evaluation and Bayesian scoring."""
+
+import functools
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from meshbayes.layers import KL_COLLECTION, total_kl
+from models.encoder_decoder import EncoderDecoderModel, cross_entropy
+from models.transformer import TransformerConfig
+from tests.models.synthetic import make_batch
+
+CONFIG = TransformerConfig(vocab_size=8, emb_dim=16, num_heads=2, head_dim=8,
+                           num_encoder_layers=1, num_decoder_layers=1, mlp_dim=32,
+                           dropout_rate=0.0)
+
+
+def setup(**model_kwargs):
+  model = EncoderDecoderModel(CONFIG, **({"num_train_units": 500.0} | model_kwargs))
+  batch = {k: jnp.asarray(v) for k, v in make_batch(np.random.default_rng(0), 3, 6, 8).items()}
+  shapes = {k: v.shape for k, v in batch.items()}
+  params = jax.jit(lambda k: nn.unbox(model.get_initial_variables(k, shapes)["params"]))(
+      jax.random.key(0))
+  return model, params, batch
+
+
+def test_cross_entropy_with_label_smoothing_against_its_definition():
+  logits = jax.random.normal(jax.random.key(0), (4, 5))
+  targets = jnp.array([0, 3, 4, 1])
+  loss, nll, log_z = cross_entropy(logits, targets, label_smoothing=0.1)
+  p = np.asarray(jax.nn.softmax(logits), np.float64)
+  soft = np.full((4, 5), 0.1 / 4)
+  soft[np.arange(4), np.asarray(targets)] = 0.9
+  kl = np.sum(soft * (np.log(soft) - np.log(p)), axis=-1)  # smoothed loss = KL(soft || p)
+  np.testing.assert_allclose(loss, kl, rtol=1e-5)
+  np.testing.assert_allclose(nll, -np.log(p[np.arange(4), np.asarray(targets)]), rtol=1e-5)
+  np.testing.assert_allclose(log_z, np.log(np.sum(np.exp(np.asarray(logits, np.float64)), -1)),
+                             rtol=1e-5)
+  plain, _, _ = cross_entropy(logits, targets)
+  np.testing.assert_allclose(plain, nll)
+
+
+@pytest.mark.parametrize("normalization", ["tokens", "examples"])
+def test_loss_is_nll_plus_z_loss_plus_scaled_kl(normalization):
+  model, params, batch = setup(loss_normalization=normalization, z_loss=1e-3)
+  rng = jax.random.key(5)
+  loss, metrics = jax.jit(functools.partial(model.loss_fn, kl_weight=0.25))(params, batch, rng)
+  # Recompute the same sample (same rng split) by hand.
+  dropout_rng, sample_rng = jax.random.split(rng)
+  logits, state = jax.jit(lambda p, b: model.module.apply(
+      {"params": p}, b["encoder_input_tokens"], b["decoder_input_tokens"],
+      b["decoder_target_tokens"], enable_dropout=True, mutable=[KL_COLLECTION],
+      rngs={"dropout": dropout_rng, "sample": sample_rng}))(params, batch)
+  log_p = np.asarray(jax.nn.log_softmax(logits), np.float64)
+  targets, weights = np.asarray(batch["decoder_target_tokens"]), np.asarray(
+      batch["decoder_loss_weights"])
+  token_nll = -np.take_along_axis(log_p, targets[..., None], -1)[..., 0]
+  log_z = np.log(np.exp(np.asarray(logits, np.float64)).sum(-1))
+  denominator = weights.sum() if normalization == "tokens" else targets.shape[0]
+  nll = (token_nll * weights).sum() / denominator
+  z_loss = 1e-3 * (log_z ** 2 * weights).sum() / denominator
+  kl = float(total_kl(state))
+  np.testing.assert_allclose(metrics["nll"], nll, rtol=1e-5)
+  np.testing.assert_allclose(metrics["kl"], kl, rtol=1e-5)
+  np.testing.assert_allclose(metrics["kl_term"], 0.25 * kl / 500.0, rtol=1e-5)
+  np.testing.assert_allclose(loss, nll + z_loss + 0.25 * kl / 500.0, rtol=1e-5)
+  assert float(metrics["num_tokens"]) == weights.sum()
+
+
+def test_eval_fn_uses_the_posterior_mean():
+  model, params, batch = setup()
+  first = jax.jit(model.eval_fn)(params, batch)
+  second = jax.jit(model.eval_fn)(params, batch, jax.random.key(3))
+  np.testing.assert_array_equal(first[0], second[0])
+  assert float(first[1]["kl"]) > 0  # the ELBO's KL is reported at evaluation too
+
+
+def test_bayesian_model_average_scores_against_brute_force():
+  """score_batch with S samples: log of the mean of the S samples' token probabilities."""
+  model, params, batch = setup()
+  rng, num_samples = jax.random.key(9), 4
+  sequence, aux = jax.jit(functools.partial(model.score_batch, num_samples=num_samples))(
+      params, batch, rng)
+  probs = jax.jit(lambda p, b, key: jax.nn.softmax(model.sampling_module.apply(
+      {"params": p}, b["encoder_input_tokens"], b["decoder_input_tokens"],
+      b["decoder_target_tokens"], rngs={"sample": key})))
+  per_sample = np.stack([np.asarray(probs(params, batch, key), np.float64)
+                         for key in jax.random.split(rng, num_samples)])  # (S, batch, len, V)
+  average = per_sample.mean(0)
+  targets, weights = np.asarray(batch["decoder_target_tokens"]), np.asarray(
+      batch["decoder_loss_weights"])
+  token = np.log(np.take_along_axis(average, targets[..., None], -1)[..., 0]) * weights
+  entropy = lambda p: -np.sum(p * np.log(p), -1)
+  mutual_information = (entropy(average) - entropy(per_sample).mean(0)) * weights
+  np.testing.assert_allclose(aux["token_log_probs"], token, rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(sequence, token.sum(-1), rtol=1e-4)
+  np.testing.assert_allclose(aux["token_mutual_information"], mutual_information, atol=1e-5)
+  # Weight samples differ, so the samples disagree somewhere.
+  assert float(np.max(aux["token_mutual_information"])) > 0
+  # The posterior mean path reports no mutual information.
+  assert "token_mutual_information" not in jax.jit(model.score_batch)(params, batch)[1]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(loss_normalization="sum"), r"loss_normalization='sum' must be one of"),
+    (dict(num_train_units=0), r"num_train_units=0 must be the \(positive\) number"),
+    (dict(label_smoothing=1.0), r"label_smoothing=1.0 must be in \[0, 1\)"),
+])
+def test_model_errors(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    EncoderDecoderModel(CONFIG, **kwargs)

@@ -1,0 +1,148 @@
+"""The Transformer's parameters: Bayesian versus deterministic, and every preset's size."""
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import traverse_util
+
+from models.configurables import preset_config
+from meshbayes.layers import count_parameters
+from models.encoder_decoder import EncoderDecoderModel
+from models.transformer import Estimators, Transformer, TransformerConfig
+
+SHAPES = {name: (2, 8) for name in ("encoder_input_tokens", "decoder_input_tokens",
+                                    "decoder_target_tokens", "decoder_loss_weights")}
+TINY = TransformerConfig(vocab_size=32, emb_dim=32, num_heads=2, head_dim=16,
+                         num_encoder_layers=2, num_decoder_layers=2, mlp_dim=64, dropout_rate=0.0)
+
+
+def abstract_params(config):
+  model = EncoderDecoderModel(config)
+  return jax.eval_shape(lambda k: model.get_initial_variables(k, SHAPES),
+                        jax.random.key(0))["params"]
+
+
+def flat_specs(config):
+  specs = nn.get_partition_spec(abstract_params(config))
+  shapes = jax.tree.map(lambda x: x.shape, nn.unbox(abstract_params(config)))
+  return {k: (shapes_v, traverse_util.flatten_dict(specs)[k])
+          for k, shapes_v in traverse_util.flatten_dict(shapes).items()}
+
+
+@pytest.mark.parametrize("scan_layers", [True, False])
+def test_bayesian_model_has_loc_and_scale_in_place_of_each_bayesian_kernel(scan_layers):
+  deterministic = flat_specs(TINY.replace(estimators=Estimators.deterministic(),
+                                          scan_layers=scan_layers))
+  bayesian = flat_specs(TINY.replace(scan_layers=scan_layers))
+  expected = {}
+  for path, value in deterministic.items():
+    is_bayesian = path[-1] == "kernel" and any(
+        part in ("attention", "self_attention", "encoder_decoder_attention", "mlp")
+        for part in path)
+    if is_bayesian:
+      expected[path[:-1] + ("kernel_loc",)] = value
+      expected[path[:-1] + ("kernel_scale",)] = value
+    else:
+      expected[path] = value
+  assert bayesian == expected
+  # Every parameter is annotated; scanned layers carry the 'layers' axis first.
+  query = ("encoder", "layers", "attention", "query", "kernel_scale") if scan_layers else (
+      "encoder", "layers_0", "attention", "query", "kernel_scale")
+  assert tuple(bayesian[query][1]) == (("layers",) if scan_layers else ()) + (
+      "embed", "heads", "kv")
+
+
+def test_all_deterministic_is_exactly_the_deterministic_transformer():
+  params = abstract_params(TINY.replace(estimators=Estimators.deterministic()))
+  names = {path[-1] for path in traverse_util.flatten_dict(nn.unbox(params))}
+  assert names == {"embedding", "kernel", "scale", "rel_embedding"}
+  counts = count_parameters(params)
+  assert counts.total == counts.point_weights == closed_form_counts(TINY)[0]
+
+
+def closed_form_counts(c: TransformerConfig) -> tuple[int, int]:
+  """(deterministic, variational) parameter counts of a preset, from its shapes alone.
+
+  Bayesian weights (paper defaults) are the attention and feed-forward
+  kernels; each gets a scale as well as a mean.
+  """
+  d, heads_kv, f = c.emb_dim, c.num_heads * c.head_dim, c.mlp_dim
+  attention = 4 * d * heads_kv
+  mlp = (len(c.mlp_activations) + 1) * d * f
+  encoder_layer, decoder_layer = attention + mlp, 2 * attention + mlp
+  bayesian = c.num_encoder_layers * encoder_layer + c.num_decoder_layers * decoder_layer
+  norms = d * (2 * c.num_encoder_layers + 3 * c.num_decoder_layers + 2)
+  relpos = 2 * c.num_heads * c.relpos_num_buckets
+  embeddings = c.vocab_size * d * (1 if c.logits_via_embedding else 2)
+  deterministic = bayesian + norms + relpos + embeddings
+  return deterministic, deterministic + bayesian
+
+
+@pytest.mark.parametrize("name, deterministic_approx, variational_approx", [
+    ("tiny", None, None),
+    ("small", 77e6, None),    # T5 v1.1 small: 77M
+    ("base", 248e6, None),    # T5 v1.1 base: 248M
+    ("large", 783e6, None),   # T5 v1.1 large: 783M
+    ("paper", 2.85e9, 5.67e9),
+    ("10b", None, 9.9e9),
+])
+def test_preset_parameter_counts_match_the_closed_form(name, deterministic_approx,
+                                                       variational_approx):
+  config = preset_config(name)
+  counts = count_parameters(abstract_params(config))  # shapes only: nothing is allocated
+  deterministic, variational = closed_form_counts(config)
+  assert counts.deterministic_equivalent == deterministic
+  assert counts.total == variational
+  det_counts = count_parameters(abstract_params(preset_config(name, deterministic=True)))
+  assert det_counts.total == det_counts.deterministic_equivalent == deterministic
+  if deterministic_approx:
+    assert math.isclose(deterministic, deterministic_approx, rel_tol=0.01)
+  if variational_approx:
+    assert math.isclose(variational, variational_approx, rel_tol=0.01)
+
+
+def test_config_and_estimator_errors():
+  with pytest.raises(ValueError, match="Estimators: mlp='dropout' is not one of deterministic, "
+                                       "reparameterization, flipout, local_reparameterization"):
+    Estimators(mlp="dropout")
+  with pytest.raises(ValueError, match=r"mlp_activations=\('swish',\) must be"):
+    TransformerConfig(mlp_activations=("swish",))
+  with pytest.raises(ValueError, match="num_heads=0 must be a positive int"):
+    TransformerConfig(num_heads=0)
+  with pytest.raises(ValueError, match="remat_policy='some' must be one of"):
+    TransformerConfig(remat_policy="some")
+
+
+def test_weight_sampling_estimators_keep_deterministic_components():
+  sampling = Estimators().for_weight_samples()
+  assert sampling == Estimators(attention="reparameterization",
+                                cross_attention="reparameterization",
+                                mlp="reparameterization")
+  assert Estimators.deterministic().for_weight_samples() == Estimators.deterministic()
+
+
+def test_remat_and_bfloat16_run():
+  config = TINY.replace(remat_policy="minimal", dtype="bfloat16")
+  model = Transformer(config)
+  tokens = jnp.ones((2, 6), jnp.int32)
+  params = jax.jit(lambda k: nn.unbox(model.init(k, tokens, tokens)["params"]))(jax.random.key(0))
+  grads = jax.jit(jax.grad(lambda p: model.apply({"params": p}, tokens, tokens,
+                                                 rngs={"sample": jax.random.key(1)}).sum()))(
+                                                     params)
+  assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
+
+
+def test_model_sizes_tool(capsys):
+  import importlib.util
+  from pathlib import Path
+
+  path = Path(__file__).resolve().parents[2] / "tools" / "model_sizes.py"
+  spec = importlib.util.spec_from_file_location("model_sizes", path)
+  tool = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(tool)
+  (row,) = tool.main(["--presets=paper"])
+  assert row["deterministic"] == closed_form_counts(preset_config("paper"))[0]
+  assert "2,851,381,248" in capsys.readouterr().out
