@@ -9,5 +9,11 @@ from models.encoder_decoder import EncoderDecoderModel
 from models.mlp import MLP
 from models.transformer import Estimators, Transformer, TransformerConfig
 
-__all__ = ["BaseModel", "EncoderDecoderModel", "Estimators", "MLP", "Transformer",
-           "TransformerConfig"]
+__all__ = [
+           "MLP",
+           "BaseModel",
+           "EncoderDecoderModel",
+           "Estimators",
+           "Transformer",
+           "TransformerConfig",
+]

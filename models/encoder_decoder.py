@@ -18,17 +18,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from meshbayes import predictive
 from meshbayes.layers import KL_COLLECTION, kl_penalty, total_kl
 from models import decoding
-from models.base import Batch, BaseModel, Metrics
+from models.base import BaseModel, Batch, Metrics
 from models.transformer import Transformer, TransformerConfig
 
 Array = jax.Array
@@ -64,7 +62,8 @@ class EncoderDecoderModel(BaseModel):
   Attributes:
     config: the network.
     num_train_units: size of the training set in the units the NLL is
-      averaged over (target tokens or examples): the KL is divided by it.
+      averaged over (target tokens or examples): the KL is divided by it
+      (``meshbayes.data.train_set_size`` counts it).
     loss_normalization: ``tokens`` (mean NLL per target token) or ``examples``
       (per-sequence NLL averaged over sequences).
     label_smoothing: label smoothing of the training loss.
@@ -73,7 +72,7 @@ class EncoderDecoderModel(BaseModel):
   """
 
   config: TransformerConfig
-  num_train_units: float = 1.0
+  num_train_units: float
   loss_normalization: str = "tokens"
   label_smoothing: float = 0.0
   z_loss: float = 1e-4
@@ -123,8 +122,10 @@ class EncoderDecoderModel(BaseModel):
     total = data_loss + z_loss + kl_term
     correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
     num_tokens = jnp.maximum(jnp.sum(weights), 1.0)
+    mean_nll = self._normalize(nll, weights)
     return total, {
-        "loss": total, "nll": self._normalize(nll, weights), "kl": kl, "kl_term": kl_term,
+        "loss": total, "nll": mean_nll, "kl": kl, "kl_term": kl_term,
+        "neg_elbo": mean_nll + kl / self.num_train_units,
         "kl_weight": jnp.asarray(kl_weight, jnp.float32), "z_loss": z_loss,
         "accuracy": jnp.sum(correct * weights) / num_tokens, "num_tokens": jnp.sum(weights)}
 

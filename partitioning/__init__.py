@@ -7,17 +7,47 @@ and derives everything else, optimizer state included.
 
 from partitioning.data import DataLayout, data_layout, global_batch
 from partitioning.inspection import Placement, format_table, placements
-from partitioning.mesh import (DATA_AXIS, MESH_AXES, MODEL_AXIS, create_mesh, resolve_axis_sizes,
-                               simulate_cpu_devices)
+from partitioning.mesh import (
+                               DATA_AXIS,
+                               MESH_AXES,
+                               MODEL_AXIS,
+                               create_mesh,
+                               resolve_axis_sizes,
+                               simulate_cpu_devices,
+)
 from partitioning.partitioner import Partitioner
-from partitioning.rules import (PRESETS, LogicalRules, data_only_rules, logical_to_mesh_spec,
-                                resolve_rules, standard_rules, validate_rules)
+from partitioning.rules import (
+                               PRESETS,
+                               LogicalRules,
+                               data_only_rules,
+                               logical_to_mesh_spec,
+                               resolve_rules,
+                               standard_rules,
+                               validate_rules,
+)
 from partitioning.specs import logical_specs, param_logical_specs
 
 __all__ = [
-    "DATA_AXIS", "DataLayout", "LogicalRules", "MESH_AXES", "MODEL_AXIS", "PRESETS", "Partitioner",
-    "Placement", "create_mesh", "data_layout", "data_only_rules", "format_table", "global_batch",
-    "logical_specs", "logical_to_mesh_spec", "param_logical_specs", "placements",
-    "resolve_axis_sizes", "resolve_rules", "simulate_cpu_devices", "standard_rules",
-    "validate_rules",
+                               "DATA_AXIS",
+                               "MESH_AXES",
+                               "MODEL_AXIS",
+                               "PRESETS",
+                               "DataLayout",
+                               "LogicalRules",
+                               "Partitioner",
+                               "Placement",
+                               "create_mesh",
+                               "data_layout",
+                               "data_only_rules",
+                               "format_table",
+                               "global_batch",
+                               "logical_specs",
+                               "logical_to_mesh_spec",
+                               "param_logical_specs",
+                               "placements",
+                               "resolve_axis_sizes",
+                               "resolve_rules",
+                               "simulate_cpu_devices",
+                               "standard_rules",
+                               "validate_rules",
 ]

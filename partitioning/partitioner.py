@@ -22,7 +22,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from partitioning import data as data_lib
 from partitioning.mesh import create_mesh
-from partitioning.rules import LogicalRules, logical_to_mesh_spec, resolve_rules, validate_rules
+from partitioning.rules import (
+  LogicalRules,
+  logical_to_mesh_spec,
+  resolve_rules,
+  validate_rules,
+)
 from partitioning.specs import logical_specs, path_names
 
 _ON_INDIVISIBLE = ("error", "replicate")
@@ -119,6 +124,15 @@ class Partitioner:
     return treedef.unflatten([
         NamedSharding(self.mesh, self.mesh_spec(spec, np.shape(leaf), "/".join(path_names(path))))
         for (path, leaf), spec in zip(flat, spec_leaves)])
+
+  def placed(self, abstract_state: Any) -> Any:
+    """``ShapeDtypeStruct``s carrying their shardings, for a state whose parameters are boxed.
+
+    The target of a sharded checkpoint restore, or the input of an ahead-of-time
+    compile; shaped like ``nn.unbox(abstract_state)``.
+    """
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        nn.unbox(abstract_state), self.shardings(abstract_state))
 
   @contextlib.contextmanager
   def activation_rules(self) -> Iterator[None]:

@@ -1,7 +1,15 @@
-"""Test set-up: 8 simulated CPU devices, set before anything imports jax."""
+"""Test set-up: 8 simulated CPU devices, set before anything imports jax.
+
+Compiled programs are cached on disk for the session (a fresh directory each
+run), so the many runs of the same tiny models, subprocesses included,
+compile once.
+"""
 
 import os
+import tempfile
 
 os.environ["XLA_FLAGS"] = " ".join(
     [os.environ.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=8"]).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="meshbayes-jax-"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")

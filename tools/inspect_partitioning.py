@@ -15,22 +15,21 @@ machine the mesh's devices are simulated.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import flax.linen as nn  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import optax  # noqa: E402
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
 
-import partitioning  # noqa: E402
-from models import MLP  # noqa: E402
-from models.configurables import PRESETS, preset_config  # noqa: E402
-from models.encoder_decoder import EncoderDecoderModel  # noqa: E402
+import partitioning
+from models import MLP
+from models.configurables import PRESETS, preset_config
+from models.encoder_decoder import EncoderDecoderModel
 
 OPTIMIZERS = {
     "adamw": lambda: optax.adamw(1e-3),
@@ -57,7 +56,8 @@ def model_init(args: argparse.Namespace):
                 estimators=estimators)
     inputs = jnp.zeros((args.batch, args.input_dim), jnp.float32)
     return lambda key: model.init(key, inputs)["params"]
-  model = EncoderDecoderModel(preset_config(args.model, deterministic=args.deterministic))
+  model = EncoderDecoderModel(preset_config(args.model, deterministic=args.deterministic),
+                              num_train_units=1)
   shapes = {name: (args.batch, args.length) for name in (
       "encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens")}
   return lambda key: model.get_initial_variables(key, shapes)["params"]

@@ -15,18 +15,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import jax  # noqa: E402
+import jax
 
-from meshbayes.layers import count_parameters  # noqa: E402
-from models.configurables import PRESETS, preset_config  # noqa: E402
-from models.encoder_decoder import EncoderDecoderModel  # noqa: E402
+from meshbayes.layers import count_parameters
+from models.configurables import PRESETS, preset_config
+from models.encoder_decoder import EncoderDecoderModel
 
 SHAPES = {name: (1, 8) for name in ("encoder_input_tokens", "decoder_input_tokens",
                                     "decoder_target_tokens", "decoder_loss_weights")}
 
 
 def counts(config):
-  model = EncoderDecoderModel(config)
+  model = EncoderDecoderModel(config, num_train_units=1)
   abstract = jax.eval_shape(lambda k: model.get_initial_variables(k, SHAPES), jax.random.key(0))
   return count_parameters(abstract["params"])
 

@@ -5,27 +5,78 @@ Each layer keeps its flax twin's constructor and call; see ``dense`` and
 KL in ``priors``; how the recorded KL enters a loss in ``kl``.
 """
 
+from meshbayes.layers import estimators
 from meshbayes.layers.counting import ParameterCounts, count_parameters
-from meshbayes.layers.dense import (ESTIMATORS, Dense, DenseFlipout, DenseGeneral,
-                                    DenseGeneralFlipout, DenseGeneralLocalReparameterization,
-                                    DenseGeneralReparameterization, DenseLocalReparameterization,
-                                    DenseReparameterization, dense_class, dense_general_class)
-from meshbayes.layers.embed import (Embed, EmbedFlipout, EmbedLocalReparameterization,
-                                    EmbedReparameterization, embed_class)
+from meshbayes.layers.dense import (
+                                    ESTIMATORS,
+                                    Dense,
+                                    DenseFlipout,
+                                    DenseGeneral,
+                                    DenseGeneralFlipout,
+                                    DenseGeneralLocalReparameterization,
+                                    DenseGeneralReparameterization,
+                                    DenseLocalReparameterization,
+                                    DenseReparameterization,
+                                    dense_class,
+                                    dense_general_class,
+)
+from meshbayes.layers.embed import (
+                                    Embed,
+                                    EmbedFlipout,
+                                    EmbedLocalReparameterization,
+                                    EmbedReparameterization,
+                                    embed_class,
+)
 from meshbayes.layers.estimators import Normal
-from meshbayes.layers.initializers import constant_stddev, fan_in_stddev, softplus_inverse
+from meshbayes.layers.initializers import (
+                                    constant_stddev,
+                                    fan_in_stddev,
+                                    softplus_inverse,
+)
 from meshbayes.layers.kl import KL_COLLECTION, KL_NAME, kl_penalty, total_kl
 from meshbayes.layers.moped import moped_params
-from meshbayes.layers.priors import (NormalPrior, Prior, ScaleMixtureNormalPrior,
-                                     TrainableNormalPrior, normal_kl)
-from meshbayes.layers import estimators
+from meshbayes.layers.priors import (
+                                    NormalPrior,
+                                    Prior,
+                                    ScaleMixtureNormalPrior,
+                                    TrainableNormalPrior,
+                                    normal_kl,
+)
 from meshbayes.layers.variational import SAMPLE_RNG
 
 __all__ = [
-    "ParameterCounts", "count_parameters", "Dense", "DenseGeneral", "ESTIMATORS", "dense_class", "dense_general_class", "DenseFlipout", "DenseGeneralFlipout", "DenseGeneralLocalReparameterization",
-    "DenseGeneralReparameterization", "DenseLocalReparameterization", "DenseReparameterization",
-    "Embed", "EmbedFlipout", "EmbedLocalReparameterization", "EmbedReparameterization",
-    "embed_class", "KL_COLLECTION", "KL_NAME", "Normal", "NormalPrior", "Prior",
-    "SAMPLE_RNG", "ScaleMixtureNormalPrior", "TrainableNormalPrior", "constant_stddev",
-    "fan_in_stddev", "kl_penalty", "moped_params", "normal_kl", "softplus_inverse", "total_kl",
+                                    "ESTIMATORS",
+                                    "KL_COLLECTION",
+                                    "KL_NAME",
+                                    "SAMPLE_RNG",
+                                    "Dense",
+                                    "DenseFlipout",
+                                    "DenseGeneral",
+                                    "DenseGeneralFlipout",
+                                    "DenseGeneralLocalReparameterization",
+                                    "DenseGeneralReparameterization",
+                                    "DenseLocalReparameterization",
+                                    "DenseReparameterization",
+                                    "Embed",
+                                    "EmbedFlipout",
+                                    "EmbedLocalReparameterization",
+                                    "EmbedReparameterization",
+                                    "Normal",
+                                    "NormalPrior",
+                                    "ParameterCounts",
+                                    "Prior",
+                                    "ScaleMixtureNormalPrior",
+                                    "TrainableNormalPrior",
+                                    "constant_stddev",
+                                    "count_parameters",
+                                    "dense_class",
+                                    "dense_general_class",
+                                    "embed_class",
+                                    "estimators",
+                                    "fan_in_stddev",
+                                    "kl_penalty",
+                                    "moped_params",
+                                    "normal_kl",
+                                    "softplus_inverse",
+                                    "total_kl",
 ]

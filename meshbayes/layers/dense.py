@@ -25,17 +25,25 @@ import math
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import flax.linen as nn
 from jax import lax
 
 from meshbayes.layers import estimators
 from meshbayes.layers.initializers import constant_stddev, fan_in_stddev
 from meshbayes.layers.priors import NormalPrior, Prior
-from meshbayes.layers.variational import (Axes, Initializer, boxed_init, constrain_like,
-                                          partitioning_box, record_kl, reshaped_init,
-                                          use_posterior_mean, variational_param)
+from meshbayes.layers.variational import (
+  Axes,
+  Initializer,
+  boxed_init,
+  constrain_like,
+  partitioning_box,
+  record_kl,
+  reshaped_init,
+  use_posterior_mean,
+  variational_param,
+)
 
 Array = jax.Array
 

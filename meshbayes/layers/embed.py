@@ -11,17 +11,24 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import flax.linen as nn
 from jax import lax
 
 from meshbayes.layers import estimators
 from meshbayes.layers.initializers import fan_in_stddev
 from meshbayes.layers.priors import NormalPrior, Prior
-from meshbayes.layers.variational import (Axes, Initializer, boxed_init, constrain_like,
-                                          partitioning_box, record_kl, use_posterior_mean,
-                                          variational_param)
+from meshbayes.layers.variational import (
+  Axes,
+  Initializer,
+  boxed_init,
+  constrain_like,
+  partitioning_box,
+  record_kl,
+  use_posterior_mean,
+  variational_param,
+)
 
 Array = jax.Array
 

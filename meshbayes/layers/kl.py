@@ -58,7 +58,7 @@ def total_kl(state: Mapping[str, Any]) -> Array:
   return sum(values, jnp.zeros((), jnp.float32))
 
 
-def kl_penalty(kl: Array, num_train_units: int | float, kl_weight: float | Array = 1.0) -> Array:
+def kl_penalty(kl: Array, num_train_units: float, kl_weight: float | Array = 1.0) -> Array:
   """The KL term of the per-unit negative ELBO: ``kl_weight * kl / num_train_units``.
 
   Args:

@@ -15,9 +15,9 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import flax.linen as nn
 from flax.core import meta
 
 from meshbayes.layers.estimators import Normal

@@ -15,9 +15,15 @@ import jax
 import jax.numpy as jnp
 
 from meshbayes.layers import KL_COLLECTION, embed_class
-from models.transformer.blocks import (BATCH_LENGTH_EMBED, MlpBlock, MultiHeadAttention,
-                                       RelativePositionBias, RMSNorm, compute_dtype,
-                                       dense_general)
+from models.transformer.blocks import (
+  BATCH_LENGTH_EMBED,
+  MlpBlock,
+  MultiHeadAttention,
+  RelativePositionBias,
+  RMSNorm,
+  compute_dtype,
+  dense_general,
+)
 from models.transformer.config import TransformerConfig
 
 Array = jax.Array

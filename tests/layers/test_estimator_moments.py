@@ -18,8 +18,12 @@ import numpy as np
 import pytest
 
 from meshbayes import layers
-from tests.layers.fixtures import (DENSE_CLASSES, GENERAL_CLASSES, randomize_posterior,
-                                    stddev)
+from tests.layers.fixtures import (
+  DENSE_CLASSES,
+  GENERAL_CLASSES,
+  randomize_posterior,
+  stddev,
+)
 
 NUM_SAMPLES = 40_000
 Z = 4.5

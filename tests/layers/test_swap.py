@@ -11,8 +11,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import pytest
-from jax.sharding import PartitionSpec as P
 from flax import traverse_util
+from jax.sharding import PartitionSpec as P
 
 from meshbayes import layers
 from tests.layers.fixtures import DENSE_CLASSES, GENERAL_CLASSES, MLP, boxed

@@ -1,7 +1,6 @@
 """The model interface's numbers: the ELBO's terms, evaluation and Bayesian scoring."""
 
 import functools
-import math
 
 import flax.linen as nn
 import jax
@@ -112,4 +111,4 @@ def test_bayesian_model_average_scores_against_brute_force():
 ])
 def test_model_errors(kwargs, match):
   with pytest.raises(ValueError, match=match):
-    EncoderDecoderModel(CONFIG, **kwargs)
+    EncoderDecoderModel(CONFIG, **({"num_train_units": 10} | kwargs))

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import pytest
 from flax import traverse_util
 
-from models.configurables import preset_config
 from meshbayes.layers import count_parameters
+from models.configurables import preset_config
 from models.encoder_decoder import EncoderDecoderModel
 from models.transformer import Estimators, Transformer, TransformerConfig
 
@@ -20,7 +20,7 @@ TINY = TransformerConfig(vocab_size=32, emb_dim=32, num_heads=2, head_dim=16,
 
 
 def abstract_params(config):
-  model = EncoderDecoderModel(config)
+  model = EncoderDecoderModel(config, num_train_units=1)
   return jax.eval_shape(lambda k: model.get_initial_variables(k, SHAPES),
                         jax.random.key(0))["params"]
 

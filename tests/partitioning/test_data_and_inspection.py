@@ -72,8 +72,9 @@ def test_single_host_layout_and_global_batch():
 
 
 def test_inspection_table_for_a_2x4_mesh():
-  from models import MLP
   import flax.linen as nn
+
+  from models import MLP
 
   model = MLP((64, 64), 32)
   optimizer = optax.adamw(1e-3)

@@ -1,0 +1,21 @@
+"""Registers everything a run's gin files configure.
+
+Names in gin files: ``train``, ``evaluate``, ``infer`` (the entry points),
+``data.TaskData``, ``data.train_set_size``, ``optimizers.Optimizer``,
+``optimizers.LearningRate``, ``optimizers.KLWeight``, and those of
+``models.configurables`` and ``partitioning.configurables``.
+"""
+
+import gin
+
+import models.configurables  # noqa: F401
+import partitioning.configurables  # noqa: F401
+from meshbayes import data, evaluation, optimizers, trainer
+
+gin.external_configurable(trainer.train, name="train")
+gin.external_configurable(evaluation.evaluate, name="evaluate")
+gin.external_configurable(evaluation.infer, name="infer")
+gin.external_configurable(data.TaskData, module="data")
+gin.external_configurable(data.train_set_size, module="data")
+for _cls in (optimizers.Optimizer, optimizers.LearningRate, optimizers.KLWeight):
+  gin.external_configurable(_cls, module="optimizers")

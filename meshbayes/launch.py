@@ -1,0 +1,135 @@
+"""Command lines configured with gin, as T5X's: ``--gin_file``, ``--gin.NAME=VALUE``.
+
+``--gin_file=F`` (repeatable) parses a gin file, found on the search path
+(``--gin_search_paths=DIR,...``, then the working directory, then the
+repository's ``gin_configs/``); ``--gin.NAME=VALUE`` binds ``NAME = VALUE``
+after them (later files and bindings override earlier ones). A bad binding,
+an unknown configurable, a missing ``%gin.REQUIRED`` macro or an invalid value
+ends the run before any work with one line naming it (``MESHBAYES_TRACEBACK=1``
+shows the traceback).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import gin
+
+GIN_CONFIGS = Path(__file__).resolve().parents[1] / "gin_configs"
+USAGE = ("usage: python -m {prog} --gin_file=FILE [--gin_file=FILE ...] "
+         "[--gin.NAME=VALUE ...] [--gin_search_paths=DIR,...]")
+
+
+class UsageError(ValueError):
+  """The command line itself is malformed."""
+
+
+def parse_flags(argv: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
+  """``(gin files, gin bindings, search paths)`` from the command line."""
+  files, bindings, paths = [], [], []
+  args = list(argv)
+  while args:
+    arg = args.pop(0)
+    name, has_value, value = arg.partition("=")
+    if not has_value and name in ("--gin_file", "--gin_search_paths", "--gin_bindings") and args:
+      value, has_value = args.pop(0), True
+    if name == "--gin_file" and has_value:
+      files.append(value)
+    elif name == "--gin_search_paths" and has_value:
+      paths.extend(p for p in value.split(",") if p)
+    elif name == "--gin_bindings" and has_value:
+      bindings.append(value)
+    elif name.startswith("--gin.") and has_value and len(name) > len("--gin."):
+      bindings.append(f"{name[len('--gin.'):]} = {value}")
+    else:
+      raise UsageError(f"unknown or incomplete flag {arg!r}; expected --gin_file=FILE, "
+                       "--gin.NAME=VALUE or --gin_search_paths=DIRS")
+  if not files:
+    raise UsageError("no --gin_file given; e.g. --gin_file=gin_configs/examples/"
+                     "tiny_synthetic_bayesian.gin")
+  return files, bindings, paths
+
+
+def _safe_existence_checks() -> None:
+  """gin's package-path reader raises TypeError for a directory without ``__init__.py``
+  whose name starts an include (a ``runs/`` output directory shadows ``runs/train.gin``);
+  make such checks answer "not here" so the search goes on."""
+  def safe(exists):
+    def check(path):
+      try:
+        return exists(path)
+      except (TypeError, ValueError, ImportError):
+        return False
+    check.meshbayes_safe = True
+    return check
+
+  readers = gin.config._FILE_READERS  # no public way to wrap a registered reader
+  readers[:] = [(r, e if getattr(e, "meshbayes_safe", False) else safe(e)) for r, e in readers]
+
+
+@contextlib.contextmanager
+def _quiet_search_misses() -> Iterator[None]:
+  """gin logs an error for every search path that lacks an included file; only a file
+  found nowhere is one (and gin raises for that)."""
+  class Filter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+      return not record.getMessage().startswith("Path not found:")
+
+  quiet = Filter()
+  logging.getLogger().addFilter(quiet)
+  try:
+    yield
+  finally:
+    logging.getLogger().removeFilter(quiet)
+
+
+def _message(error: BaseException) -> str:
+  text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+  # gin names a missing REQUIRED value by the parameter it was bound to; say which macro.
+  required = re.search(r"Required bindings for `(\w+)` not provided in config: \[(.*)\]", text)
+  if required:
+    return (f"missing required gin values for {required.group(1)}: {required.group(2)}; set "
+            "them, e.g. --gin.MODEL_DIR=\"'runs/x'\" (see the %gin.REQUIRED macros of the run's "
+            "gin file)")
+  macro = re.search(r"^(\w+)/macro\.value set to `%gin\.REQUIRED`", text)
+  if macro:
+    return (f"gin macro {macro.group(1)} is %gin.REQUIRED but not set; set it with "
+            f"--gin.{macro.group(1)}=VALUE")
+  return text
+
+
+def run(prog: str, entry_point: str, argv: Sequence[str] | None = None) -> Any:
+  """Parses flags and gin files, then calls the gin configurable ``entry_point``.
+
+  Exits with status 2 on a usage error and 1 on any other error, after one line.
+  """
+  argv = sys.argv[1:] if argv is None else argv
+  if any(a in ("-h", "--help") for a in argv):
+    print(USAGE.format(prog=prog))
+    print(__doc__.split("\n\n", 1)[1])
+    return None
+  try:
+    files, bindings, paths = parse_flags(argv)
+    import meshbayes.configurables  # noqa: F401  (registers the configurables)
+
+    gin.clear_config()
+    for path in paths + [str(GIN_CONFIGS), os.getcwd()]:
+      gin.add_config_file_search_path(path)
+    _safe_existence_checks()
+    with _quiet_search_misses():
+      gin.parse_config_files_and_bindings(files, bindings)
+    return gin.get_configurable(entry_point)()
+  except SystemExit:
+    raise
+  except (OSError, ValueError, TypeError, KeyError, RuntimeError, FileNotFoundError, FloatingPointError) as error:
+    if os.environ.get("MESHBAYES_TRACEBACK"):
+      raise
+    print(f"{prog}: error: {_message(error)}", file=sys.stderr)
+    raise SystemExit(2 if isinstance(error, UsageError) else 1) from None

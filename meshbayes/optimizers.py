@@ -1,0 +1,147 @@
+"""Optimizers, learning-rate schedules and the KL-weight schedule (optax underneath)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import traverse_util
+
+Array = jax.Array
+
+SCHEDULES = ("constant", "rsqrt", "cosine")
+OPTIMIZERS = ("adamw", "adafactor", "sgd")
+KL_SCHEDULES = ("constant", "linear")
+
+
+@dataclasses.dataclass(frozen=True)
+class LearningRate:
+  """A learning-rate schedule with linear warm-up.
+
+  Attributes:
+    schedule: ``constant``; ``rsqrt`` (T5's inverse square root decay after
+      warm-up, continuous at its end); ``cosine`` (to ``end_value`` at
+      ``decay_steps``).
+    base: the peak learning rate, reached at the end of warm-up.
+    warmup_steps: linear warm-up from 0 (0: none).
+    decay_steps: length of the cosine decay (``cosine`` only).
+    end_value: final learning rate of the cosine decay.
+  """
+
+  schedule: str = "rsqrt"
+  base: float = 1e-3
+  warmup_steps: int = 1000
+  decay_steps: int | None = None
+  end_value: float = 0.0
+
+  def __post_init__(self):
+    if self.schedule not in SCHEDULES:
+      raise ValueError(f"LearningRate: schedule={self.schedule!r} must be one of {SCHEDULES}")
+    if not self.base > 0 or self.warmup_steps < 0:
+      raise ValueError(f"LearningRate: base={self.base!r} must be > 0 and warmup_steps="
+                       f"{self.warmup_steps!r} >= 0")
+    if self.schedule == "cosine" and not (self.decay_steps or 0) > self.warmup_steps:
+      raise ValueError(f"LearningRate: cosine needs decay_steps > warmup_steps, got "
+                       f"decay_steps={self.decay_steps!r}")
+
+  def __call__(self, step: Array) -> Array:
+    step = jnp.asarray(step, jnp.float32)
+    warmup = jnp.minimum(1.0, (step + 1) / max(self.warmup_steps, 1))
+    if self.schedule == "constant":
+      return self.base * warmup
+    if self.schedule == "rsqrt":
+      return self.base * warmup * jnp.sqrt(max(self.warmup_steps, 1)
+                                            / jnp.maximum(step + 1, max(self.warmup_steps, 1)))
+    return optax.warmup_cosine_decay_schedule(0.0, self.base, self.warmup_steps, self.decay_steps,
+                                              self.end_value)(step)
+
+
+def decay_mask(params: Any) -> Any:
+  """True for the weights weight decay applies to: not posterior scales, not prior scalars.
+
+  Decaying an unconstrained ``*_scale`` toward 0 would push every posterior
+  stddev toward ``softplus(0) = 0.69``; the KL is the Bayesian weights' regularizer.
+  """
+  flat = traverse_util.flatten_dict(params)
+  return traverse_util.unflatten_dict({
+      path: not (path[-1].endswith("_scale") or "_prior_" in path[-1]) for path in flat})
+
+
+@dataclasses.dataclass(frozen=True)
+class Optimizer:
+  """An optax optimizer with gradient clipping.
+
+  Attributes:
+    name: ``adamw``, ``adafactor`` (factored second moments: less memory) or
+      ``sgd`` (with momentum).
+    learning_rate: the schedule.
+    weight_decay: decoupled weight decay (AdamW), never on posterior scales.
+    b1: first-moment decay (momentum for SGD).
+    b2: second-moment decay (AdamW).
+    clip_gradient_norm: clip the global gradient norm (0: no clipping).
+  """
+
+  name: str = "adamw"
+  learning_rate: LearningRate = LearningRate()
+  weight_decay: float = 0.0
+  b1: float = 0.9
+  b2: float = 0.999
+  clip_gradient_norm: float = 1.0
+
+  def __post_init__(self):
+    if self.name not in OPTIMIZERS:
+      raise ValueError(f"Optimizer: name={self.name!r} must be one of {OPTIMIZERS}")
+    if self.weight_decay < 0 or self.clip_gradient_norm < 0:
+      raise ValueError(f"Optimizer: weight_decay={self.weight_decay!r} and clip_gradient_norm="
+                       f"{self.clip_gradient_norm!r} must be >= 0")
+
+  def transformation(self) -> optax.GradientTransformation:
+    """The optax transformation (a pure function pair; its state mirrors the params)."""
+    if self.name == "adamw":
+      core = optax.adamw(self.learning_rate, b1=self.b1, b2=self.b2,
+                         weight_decay=self.weight_decay, mask=decay_mask)
+    elif self.name == "adafactor":
+      core = optax.adafactor(self.learning_rate, weight_decay_rate=self.weight_decay or None,
+                             weight_decay_mask=decay_mask)
+    else:
+      core = optax.sgd(self.learning_rate, momentum=self.b1)
+    if self.clip_gradient_norm:
+      return optax.chain(optax.clip_by_global_norm(self.clip_gradient_norm), core)
+    return core
+
+
+@dataclasses.dataclass(frozen=True)
+class KLWeight:
+  """The weight of the KL term over training.
+
+  Attributes:
+    schedule: ``constant`` (``value`` throughout) or ``linear`` (from
+      ``start_value`` to ``value`` over ``warmup_steps``: KL annealing).
+    value: the final weight; 1 is the ELBO, below 1 a tempered posterior.
+    start_value: the weight at step 0 (``linear``).
+    warmup_steps: annealing length (``linear``).
+  """
+
+  schedule: str = "constant"
+  value: float = 1.0
+  start_value: float = 0.0
+  warmup_steps: int = 0
+
+  def __post_init__(self):
+    if self.schedule not in KL_SCHEDULES:
+      raise ValueError(f"KLWeight: schedule={self.schedule!r} must be one of {KL_SCHEDULES}")
+    if self.value < 0 or self.start_value < 0:
+      raise ValueError(f"KLWeight: value={self.value!r} and start_value={self.start_value!r} "
+                       "must be >= 0")
+    if self.schedule == "linear" and self.warmup_steps < 1:
+      raise ValueError(f"KLWeight: linear annealing needs warmup_steps >= 1, got "
+                       f"{self.warmup_steps!r}")
+
+  def __call__(self, step: Array) -> Array:
+    if self.schedule == "constant":
+      return jnp.asarray(self.value, jnp.float32)
+    fraction = jnp.minimum(1.0, jnp.asarray(step, jnp.float32) / self.warmup_steps)
+    return self.start_value + (self.value - self.start_value) * fraction

@@ -1,0 +1,123 @@
+"""The train state and the pure functions the trainer jits: one training step, one
+evaluation step. ``tools/scaling_study.py`` compiles the same functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+from flax import traverse_util
+
+from models.base import BaseModel
+
+Array = jax.Array
+Batch = Mapping[str, Array]
+
+# Parameters whose posterior stddev the trainer reports, by a substring of their path.
+STDDEV_GROUPS = {"attention": "attention", "mlp": "mlp"}
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Everything a checkpoint holds: the step, the parameters, the optimizer state."""
+
+  step: Array
+  params: Any
+  opt_state: Any
+
+
+def init_train_state(model: BaseModel, optimizer: optax.GradientTransformation,
+                     input_shapes: Mapping[str, tuple[int, ...]], rng: Array) -> TrainState:
+  """A fresh state; its parameters stay boxed so the partitioner can read their axes."""
+  params = model.get_initial_variables(rng, input_shapes)["params"]
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                    opt_state=optimizer.init(flax.linen.unbox(params)))
+
+
+def posterior_stddev_metrics(params: Any) -> dict[str, Array]:
+  """Mean posterior stddev of the Bayesian weights in each of ``STDDEV_GROUPS``."""
+  flat = traverse_util.flatten_dict(params, sep="/")
+  metrics = {}
+  for group, substring in STDDEV_GROUPS.items():
+    scales = [v for k, v in flat.items() if k.endswith("_scale") and "_prior_" not in k
+              and substring in k]
+    if scales:
+      total = sum(jnp.sum(jax.nn.softplus(s.astype(jnp.float32))) for s in scales)
+      metrics[f"posterior_stddev/{group}"] = total / sum(s.size for s in scales)
+  return metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class StepFunctions:
+  """The model's training and evaluation steps.
+
+  Attributes:
+    model: the model (its ``loss_fn`` and ``eval_fn``).
+    optimizer: the optax transformation.
+    learning_rate: step -> learning rate (reported only).
+    kl_weight: step -> weight of the KL term.
+    seed: the run's seed; step ``s`` uses ``fold_in(key(seed), s)``, split by
+      the model into ``'dropout'`` and ``'sample'`` streams.
+    num_microbatches: split each batch into this many microbatches and
+      accumulate their gradients (float32), for batches that do not fit at once.
+  """
+
+  model: BaseModel
+  optimizer: optax.GradientTransformation
+  learning_rate: Callable[[Array], Array]
+  kl_weight: Callable[[Array], Array]
+  seed: int = 0
+  num_microbatches: int = 1
+
+  def __post_init__(self):
+    if self.num_microbatches < 1:
+      raise ValueError(f"num_microbatches={self.num_microbatches!r} must be >= 1")
+
+  def _gradients(self, params: Any, batch: Batch, rng: Array, kl_weight: Array
+                 ) -> tuple[Any, dict[str, Array]]:
+    grad_fn = jax.grad(self.model.loss_fn, has_aux=True)
+    if self.num_microbatches == 1:
+      return grad_fn(params, batch, rng, kl_weight)
+    size = next(iter(batch.values())).shape[0]
+    if size % self.num_microbatches:
+      raise ValueError(f"batch of {size} examples cannot be split into num_microbatches="
+                       f"{self.num_microbatches} equal parts")
+    micro = jax.tree.map(
+        lambda x: x.reshape((self.num_microbatches, size // self.num_microbatches) + x.shape[1:]),
+        batch)
+
+    def accumulate(carry, inputs):
+      index, microbatch = inputs
+      grads, metrics = grad_fn(params, microbatch, jax.random.fold_in(rng, index), kl_weight)
+      to32 = lambda t: jax.tree.map(lambda x: x.astype(jnp.float32), t)
+      return jax.tree.map(jnp.add, carry, (to32(grads), to32(metrics))), None
+
+    zero = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], micro), rng, kl_weight)
+    zero = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), zero)
+    (grads, metrics), _ = jax.lax.scan(accumulate, zero,
+                                       (jnp.arange(self.num_microbatches), micro))
+    mean = lambda t: jax.tree.map(lambda x: x / self.num_microbatches, t)
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), mean(grads), params)
+    return grads, mean(metrics)
+
+  def train_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, Array]]:
+    """One optimizer step on a global batch; returns the new state and scalar metrics."""
+    rng = jax.random.fold_in(jax.random.key(self.seed), state.step)
+    kl_weight = self.kl_weight(state.step)
+    grads, metrics = self._gradients(state.params, batch, rng, kl_weight)
+    updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = dict(metrics, gradient_norm=optax.tree.norm(grads),
+                   learning_rate=self.learning_rate(state.step),
+                   **posterior_stddev_metrics(params))
+    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+  def eval_step(self, params: Any, batch: Batch) -> dict[str, Array]:
+    """Teacher-forced evaluation metrics of one batch."""
+    return self.model.eval_fn(params, batch)[1]

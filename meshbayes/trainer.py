@@ -1,0 +1,246 @@
+"""The training loop (T5X style): sharded state, jitted steps, metrics, evaluation and
+checkpoints that resume exactly.
+
+Running ``train`` again with the same ``model_dir`` resumes from the latest
+checkpoint: the state, the input position and the per-step rng
+``fold_in(seed, step)`` are all restored, so the parameters after N steps are
+bit-identical however many times the run was interrupted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import signal
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import gin
+import jax
+import numpy as np
+from flax import traverse_util
+from jax.sharding import NamedSharding
+
+from meshbayes import checkpoints as checkpoints_lib
+from meshbayes.data.pipeline import TaskData
+from meshbayes.evaluation import host_layout, teacher_forced_metrics
+from meshbayes.layers import moped_params
+from meshbayes.metrics_writer import MetricsWriter, ProgressBar
+from meshbayes.optimizers import KLWeight, Optimizer
+from meshbayes.train_step import StepFunctions, TrainState, init_train_state
+from models.base import BaseModel
+from partitioning import Partitioner, logical_specs
+from partitioning.specs import path_names
+
+PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM
+
+
+class Preempted(SystemExit):
+  """SIGTERM arrived; the last completed step was saved."""
+
+
+def abstract_state(model: BaseModel, steps: StepFunctions, shapes: Mapping[str, tuple[int, ...]]
+                   ) -> TrainState:
+  """The train state's shapes with boxed parameters (their logical axes)."""
+  return jax.eval_shape(lambda k: init_train_state(model, steps.optimizer, shapes, k),
+                        jax.random.key(0))
+
+
+def jit_train_step(steps: StepFunctions, partitioner: Partitioner, state_shardings: Any):
+  """The jitted train step: explicit in/out shardings, the old state's buffers donated.
+
+  Call and lower it inside ``partitioner.activation_rules()``.
+  """
+  batch = NamedSharding(partitioner.mesh, partitioner.batch_spec)
+  return jax.jit(steps.train_step, in_shardings=(state_shardings, batch),
+                 out_shardings=(state_shardings, None), donate_argnums=(0,))
+
+
+def _param_axes(abstract: TrainState) -> dict[str, list[str | None]]:
+  specs = logical_specs({"params": abstract.params})["params"]
+  leaves = jax.tree_util.tree_flatten_with_path(specs, is_leaf=lambda x: isinstance(
+      x, jax.sharding.PartitionSpec))[0]
+  return {"/".join(path_names(p)): list(spec) for p, spec in leaves}
+
+
+def _deterministic_twin(abstract_params: Any) -> Any:
+  """The deterministic model's parameter shapes: ``w`` for each ``w_loc``, no scales."""
+  flat = {k: v for k, v in traverse_util.flatten_dict(abstract_params).items()
+          if not k[-1].endswith("_scale") and "_prior_" not in k[-1]}
+  return traverse_util.unflatten_dict({
+      k[:-1] + (k[-1][:-len("_loc")],) if k[-1].endswith("_loc") else k: v
+      for k, v in flat.items()})
+
+
+def _check_positive_int(name: str, value: Any, allow_zero: bool = False) -> None:
+  if not isinstance(value, int) or isinstance(value, bool) or value < (0 if allow_zero else 1):
+    kind = "non-negative" if allow_zero else "positive"
+    raise ValueError(f"train: {name}={value!r} must be a {kind} int")
+
+
+def train(*, model_dir: str, model: BaseModel, data: TaskData, train_steps: int,
+          partitioner: Partitioner | None = None, optimizer: Optimizer = Optimizer(),
+          kl_weight: KLWeight = KLWeight(), seed: int = 0, num_microbatches: int = 1,
+          log_period: int = 10, eval_period: int = 0, checkpoint_period: int = 100,
+          keep_checkpoints: int | None = 3, async_checkpointing: bool = True,
+          initial_checkpoint: str | None = None, initial_from_deterministic: bool = False,
+          moped_delta: float = 0.1) -> TrainState:
+  """Trains ``model`` on ``data`` for ``train_steps`` steps, resuming from ``model_dir``.
+
+  Args:
+    model_dir: where checkpoints (``checkpoints/``), TensorBoard events
+      (``train/``, ``eval/``) and ``metrics.jsonl`` go.
+    model: the model (``models.BaseModel``).
+    data: the task and batching.
+    train_steps: total number of steps (a resumed run continues to it).
+    partitioner: the mesh and rules (default: data parallel over all devices).
+    optimizer: optimizer and learning-rate schedule.
+    kl_weight: KL weight schedule (annealing).
+    seed: seed of initialization, dropout and weight noise.
+    num_microbatches: gradient accumulation.
+    log_period: steps between metric writes and progress lines.
+    eval_period: steps between teacher-forced evaluations (0: none).
+    checkpoint_period: steps between checkpoints (a final one is always saved).
+    keep_checkpoints: keep the newest N checkpoints (None: all).
+    async_checkpointing: save in the background.
+    initial_checkpoint: a checkpoint (model dir, checkpoints dir or step dir)
+      to take the parameters from when ``model_dir`` has none.
+    initial_from_deterministic: ``initial_checkpoint`` is of the deterministic
+      twin: set posterior means to its weights and stddevs to
+      ``moped_delta * |w|`` (MOPED).
+    moped_delta: see ``initial_from_deterministic``.
+
+  Returns:
+    The final train state.
+  """
+  for name, value in (("train_steps", train_steps), ("log_period", log_period),
+                      ("checkpoint_period", checkpoint_period),
+                      ("num_microbatches", num_microbatches)):
+    _check_positive_int(name, value)
+  _check_positive_int("eval_period", eval_period, allow_zero=True)
+  model_dir = Path(model_dir)
+  model_dir.mkdir(parents=True, exist_ok=True)
+  if gin.config_str() and jax.process_index() == 0:
+    (model_dir / "config.gin").write_text(gin.config_str())
+  partitioner = partitioner or Partitioner()
+  steps = StepFunctions(model=model, optimizer=optimizer.transformation(),
+                        learning_rate=optimizer.learning_rate, kl_weight=kl_weight, seed=seed,
+                        num_microbatches=num_microbatches)
+  abstract = abstract_state(model, steps, data.input_shapes())
+  shardings = partitioner.shardings(abstract)
+  with contextlib.ExitStack() as cleanup:
+    ckpts = checkpoints_lib.Checkpoints(model_dir / "checkpoints", keep_checkpoints,
+                                        async_checkpointing)
+    cleanup.callback(ckpts.close)
+    cleanup.callback(ckpts.wait)  # runs first: every started save lands, even on errors
+    return _run(model_dir, model, data, train_steps, partitioner, steps, abstract, shardings,
+                ckpts, cleanup, log_period, eval_period, checkpoint_period, seed,
+                initial_checkpoint, initial_from_deterministic, moped_delta)
+
+
+def _run(model_dir: Path, model: BaseModel, data: TaskData, train_steps: int,
+         partitioner: Partitioner, steps: StepFunctions, abstract: TrainState, shardings: Any,
+         ckpts: checkpoints_lib.Checkpoints, cleanup: contextlib.ExitStack, log_period: int,
+         eval_period: int, checkpoint_period: int, seed: int, initial_checkpoint: str | None,
+         initial_from_deterministic: bool, moped_delta: float) -> TrainState:
+  """Restores or initializes the state, then trains to ``train_steps``."""
+  layout = host_layout(partitioner, data.batch_size)
+  meta = {"param_logical_axes": _param_axes(abstract)}
+  latest = ckpts.latest_step()
+  if latest is not None:
+    state, saved_meta = ckpts.restore(latest, partitioner.placed(abstract))
+    data_position = int(saved_meta["data_position"])
+    logging.info("resuming from step %d of %s", latest, ckpts.directory)
+    print(f"resuming from the checkpoint of step {latest} in {ckpts.directory}")
+  else:
+    state, _ = partitioner.init(
+        lambda k: init_train_state(model, steps.optimizer, data.input_shapes(), k),
+        jax.random.key(seed))
+    data_position = 0
+    if initial_checkpoint:
+      state = _initial_parameters(state, abstract, initial_checkpoint,
+                                  initial_from_deterministic, moped_delta, partitioner)
+  start = int(state.step)
+  if start >= train_steps:
+    print(f"{model_dir} already holds step {start} >= train_steps={train_steps}; nothing to do")
+    return state
+
+  writer = MetricsWriter(model_dir / "train", model_dir / "metrics.jsonl")
+  eval_writer = MetricsWriter(model_dir / "eval", model_dir / "eval" / "metrics.jsonl")
+  cleanup.callback(writer.close)
+  cleanup.callback(eval_writer.close)
+  progress = ProgressBar(train_steps, start)
+  with partitioner.activation_rules():
+    step_fn = jit_train_step(steps, partitioner, shardings)
+  eval_fn = jax.jit(steps.eval_step, in_shardings=(
+      shardings.params, NamedSharding(partitioner.mesh, partitioner.batch_spec)))
+  evaluate = lambda params: teacher_forced_metrics(eval_fn, params, data.eval_batches(layout),
+                                                   partitioner)
+  batches = data.train_batches(layout, start_batch=data_position)
+
+  preempted = []
+  previous_handler = signal.signal(signal.SIGTERM, lambda *_: preempted.append(True))
+  cleanup.callback(signal.signal, signal.SIGTERM, previous_handler)
+  window: list[dict[str, float]] = []
+  window_start, window_tokens = time.perf_counter(), 0.0
+  last_saved = latest
+  while int(state.step) < train_steps:
+    host_batch = next(batches)
+    with partitioner.activation_rules():
+      state, metrics = step_fn(state, partitioner.global_batch(host_batch))
+    data_position += 1
+    step = int(state.step)
+    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    if not math.isfinite(metrics["loss"]):
+      where = f"step {last_saved}" if last_saved is not None else "none was saved yet"
+      raise FloatingPointError(f"non-finite loss {metrics['loss']} at step {step}; training "
+                               f"stopped, the last good checkpoint ({where}) is untouched")
+    if step == start + 1:  # the first step includes compilation: not throughput
+      window_start = time.perf_counter()
+    else:
+      window.append(metrics)
+      window_tokens += float(np.sum(host_batch["decoder_loss_weights"])) * jax.process_count()
+    if window and (step % log_period == 0 or step == train_steps):
+      seconds = time.perf_counter() - window_start
+      logged = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
+      logged.update(tokens_per_second=window_tokens / seconds,
+                    step_seconds=seconds / len(window))
+      writer.write(step, logged)
+      progress.update(step, logged)
+      window, window_tokens, window_start = [], 0.0, time.perf_counter()
+    paused = time.perf_counter()  # evaluation and saving are not step time
+    if eval_period and step % eval_period == 0:
+      eval_writer.write(step, evaluate(state.params))
+    if step % checkpoint_period == 0 or step == train_steps or preempted:
+      ckpts.save(step, state, dict(meta, data_position=data_position))
+      last_saved = step
+    window_start += time.perf_counter() - paused
+    if preempted:
+      ckpts.wait()
+      print(f"SIGTERM: saved the checkpoint of step {step}; run again to resume")
+      raise Preempted(PREEMPTED_EXIT_CODE)
+  return state
+
+
+def _initial_parameters(state: TrainState, abstract: TrainState, path: str,
+                        from_deterministic: bool, delta: float,
+                        partitioner: Partitioner) -> TrainState:
+  """The state with parameters from ``path`` (MOPED when it is the deterministic twin's)."""
+  step_dir = checkpoints_lib.find_step_dir(path)
+  target = partitioner.placed({"params": abstract.params})
+  if not from_deterministic:
+    params = checkpoints_lib.restore_subtree(step_dir, target)["params"]
+    print(f"initial parameters from {step_dir}")
+    return state.replace(params=params)
+  twin = checkpoints_lib.restore_subtree(step_dir,
+                                         {"params": _deterministic_twin(target["params"])})
+  param_shardings = jax.tree.map(lambda x: x.sharding, target["params"])
+  with partitioner.activation_rules():
+    params = jax.jit(lambda p, d: moped_params(p, d, delta), out_shardings=param_shardings)(
+        state.params, twin["params"])
+  print(f"initial posterior from the deterministic checkpoint {step_dir} "
+        f"(MOPED, delta={delta})")
+  return state.replace(params=params)

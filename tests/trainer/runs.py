@@ -1,0 +1,28 @@
+"""Running the trainer's command line in tests: tiny model, batch 8, a few steps."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "gin_configs" / "examples"
+TOOLS = ROOT / "tools"
+
+
+def train_args(model_dir, steps, *bindings, kind="bayesian"):
+  return [f"--gin_file={EXAMPLES / f'tiny_synthetic_{kind}.gin'}",
+          f"--gin.MODEL_DIR='{model_dir}'", f"--gin.TRAIN_STEPS={steps}", "--gin.BATCH_SIZE=8",
+          "--gin.train.checkpoint_period=4", "--gin.train.log_period=2",
+          # Skip counting the training split's tokens (seconds per process).
+          "--gin.models.EncoderDecoderModel.num_train_units=450000", *bindings]
+
+
+def run(module, args, timeout=600, **kwargs):
+  """``python -m module args`` in a new process; returns the CompletedProcess."""
+  return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
+                        timeout=timeout, cwd=ROOT, **kwargs)
+
+
+def tool(name, *args):
+  return subprocess.run([sys.executable, str(TOOLS / name), *map(str, args)],
+                        capture_output=True, text=True, timeout=300, cwd=ROOT)

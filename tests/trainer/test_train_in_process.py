@@ -1,0 +1,169 @@
+"""The commands in this process: bad input, a non-finite loss, broken checkpoints, MOPED,
+evaluation and inference of a trained run."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from meshbayes import checkpoints, launch
+from tests.trainer.runs import TOOLS, train_args
+from tools import inspect_checkpoint
+
+
+def command(capsys, entry_point, *args):
+  """Runs a command (``train``, ``evaluate``, ``infer``) here: (exit code, stdout, stderr)."""
+  try:
+    launch.run(f"meshbayes.{entry_point}", entry_point, list(args))
+    code = 0
+  except SystemExit as exit_:
+    code = exit_.code
+  out, err = capsys.readouterr()
+  return code, out, err
+
+
+def train(capsys, *args):
+  return command(capsys, "train", *args)
+
+
+def one_line(err):
+  lines = [line for line in err.splitlines() if line.startswith("meshbayes.train: error:")]
+  assert len(lines) == 1, err[-2000:]
+  return lines[0]
+
+
+@pytest.mark.parametrize("binding, message", [
+    ("--gin.models.TransformerConfgi.emb_dim=8", "models.TransformerConfgi"),
+    ("--gin.models.TransformerConfig.emb_dimz=8", "emb_dimz"),
+    ("--gin.TRAIN_STEPS='ten'", "train: train_steps='ten' must be a positive int"),
+    ("--gin.models.TransformerConfig.emb_dim='big'",
+     "TransformerConfig: emb_dim='big' must be a positive int"),
+    ("--gin.optimizers.Optimizer.name='lamb'", "Optimizer: name='lamb' must be one of"),
+])
+def test_bad_bindings_stop_before_any_work_with_one_line(tmp_path, capsys, binding, message):
+  model_dir = tmp_path / "run"
+  code, _, err = train(capsys, *train_args(model_dir, 4), binding)
+  assert code == 1
+  assert message in one_line(err)
+  assert not model_dir.exists()
+
+
+def test_missing_required_macro_and_bad_flags(tmp_path, capsys):
+  args = [a for a in train_args(tmp_path / "run", 4) if not a.startswith("--gin.MODEL_DIR")]
+  code, _, err = train(capsys, *args)
+  assert code == 1 and "gin macro MODEL_DIR is %gin.REQUIRED but not set; set it with " \
+                        "--gin.MODEL_DIR=VALUE" in one_line(err)
+  code, _, err = train(capsys, "--gin_fil=x.gin")
+  assert code == 2 and "unknown or incomplete flag '--gin_fil=x.gin'" in one_line(err)
+  code, _, err = train(capsys, "--gin_file=no/such/file.gin")
+  assert code == 1 and "no/such/file.gin" in one_line(err)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """A Bayesian run of 8 steps (checkpoints at 4 and 8); tests work on copies."""
+  model_dir = tmp_path_factory.mktemp("trained") / "run"
+  try:
+    launch.run("meshbayes.train", "train", train_args(model_dir, 8))
+  except SystemExit as exit_:
+    pytest.fail(f"training failed with {exit_.code}")
+  return model_dir
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(trained, tmp_path, capsys):
+  model_dir = tmp_path / "run"
+  shutil.copytree(trained, model_dir)
+  code, _, err = train(capsys, *train_args(model_dir, 12),
+                       "--gin.models.EncoderDecoderModel.z_loss=1e999")  # an infinite loss
+  assert code == 1
+  assert ("non-finite loss inf at step 9; training stopped, the last good checkpoint (step 8) "
+          "is untouched") in one_line(err)
+  assert checkpoints.find_step_dir(model_dir).name == "8"
+  diff = subprocess.run([sys.executable, str(TOOLS / "inspect_checkpoint.py"), "diff",
+                         str(trained), str(model_dir)], capture_output=True, text=True)
+  assert diff.returncode == 0, diff.stdout[-2000:]
+
+
+def test_corrupt_foreign_and_interrupted_checkpoints(trained, tmp_path, capsys):
+  model_dir = tmp_path / "run"
+  shutil.copytree(trained, model_dir)
+  # An interrupted save leaves a temporary directory: ignored, the run resumes from step 8.
+  (model_dir / "checkpoints" / "12.orbax-checkpoint-tmp-1700000000").mkdir()
+  code, out, _ = train(capsys, *train_args(model_dir, 10))
+  assert code == 0 and "resuming from the checkpoint of step 8" in out
+
+  # Another model's checkpoint: named parameters that do not fit.
+  code, _, err = train(capsys, *train_args(model_dir, 12),
+                       "--gin.models.TransformerConfig.mlp_dim=48")
+  line = one_line(err)
+  assert code == 1 and "does not fit this model" in line
+  assert "mlp/wi_0/kernel_loc has shape (2, 32, 64) float32, the model needs (2, 32, 48)" in line
+
+  # A corrupt checkpoint: its array data is gone.
+  for path in (model_dir / "checkpoints" / "10" / "state").rglob("*"):
+    if path.is_file() and path.parent.name == "d":
+      path.unlink()
+  code, _, err = train(capsys, *train_args(model_dir, 12))
+  line = one_line(err)
+  assert code == 1 and "checkpoint" in line and "10 is corrupt or incomplete" in line
+  assert "delete it to resume from step 8" in line
+
+
+def test_bayesian_start_from_a_deterministic_checkpoint_is_moped(tmp_path, capsys):
+  deterministic = tmp_path / "deterministic"
+  assert train(capsys, *train_args(deterministic, 4, kind="deterministic"))[0] == 0
+  bayesian = tmp_path / "bayesian"
+  code, out, err = train(capsys, *train_args(
+      bayesian, 1, f"--gin.train.initial_checkpoint='{deterministic}'",
+      "--gin.train.initial_from_deterministic=True", "--gin.train.moped_delta=0.1",
+      # A vanishing learning rate: after one step the parameters are the initial ones.
+      "--gin.optimizers.LearningRate.base=1e-30"))
+  assert code == 0, err[-2000:]
+  assert "initial posterior from the deterministic checkpoint" in out
+  read = lambda d: checkpoints.read_arrays(checkpoints.find_step_dir(d))
+  det, bay = read(deterministic), read(bayesian)
+  name = "params/encoder/layers/mlp/wi_0/kernel"
+  np.testing.assert_array_equal(bay[name + "_loc"], det[name])
+  np.testing.assert_allclose(jax.nn.softplus(bay[name + "_scale"]),
+                             np.maximum(0.1 * np.abs(det[name]), 1e-6), rtol=1e-4)
+  # Deterministic parts (norms, embeddings) are copied.
+  np.testing.assert_array_equal(bay["params/token_embedder/embedding"],
+                                det["params/token_embedder/embedding"])
+
+
+def test_evaluate_infer_and_show_a_trained_run(trained, tmp_path, capsys):
+  common = [f"--gin.MODEL_DIR='{trained}'", "--gin.BATCH_SIZE=64",
+            "--gin.models.EncoderDecoderModel.num_train_units=450000"]
+  run_files = lambda run: ["--gin_file=models/tiny.gin", f"--gin_file=runs/{run}.gin",
+                           "--gin_file=tasks/synthetic.gin"]
+  code, _, err = command(capsys, "evaluate", *run_files("eval"), *common,
+                         "--gin.evaluate.decode_method='greedy'")
+  assert code == 0, err[-2000:]
+  out_dir = trained / "eval" / "synthetic_reverse"
+  metrics = json.loads((out_dir / "metrics.json").read_text())
+  assert metrics["step"] == 8 and metrics["num_decoded"] == 512
+  assert {"nll", "accuracy", "neg_elbo", "sequence_accuracy"} <= set(metrics)
+  assert len((out_dir / "predictions.jsonl").read_text().splitlines()) == 512
+
+  inputs, outputs = tmp_path / "in.txt", tmp_path / "out.txt"
+  inputs.write_text("5 6 7 8\n9 10 11\n2 3\n")
+  code, _, err = command(capsys, "infer", *run_files("infer"), *common,
+                         f"--gin.INPUT_FILE='{inputs}'", f"--gin.OUTPUT_FILE='{outputs}'",
+                         "--gin.infer.num_samples=2")
+  assert code == 0, err[-2000:]
+  assert len(outputs.read_text().splitlines()) == 3
+  bad = tmp_path / "bad.txt"
+  bad.write_text("5 6\n5 x\n")
+  code, _, err = command(capsys, "infer", *run_files("infer"), *common,
+                         f"--gin.INPUT_FILE='{bad}'", f"--gin.OUTPUT_FILE='{outputs}'")
+  assert code == 1 and f"{bad}:2: cannot encode '5 x'" in err
+
+  assert inspect_checkpoint.main(["show", str(trained)]) == 0
+  shown = capsys.readouterr().out
+  assert "encoder/layers/attention/query/kernel_scale" in shown
+  assert "(layers, embed, heads, kv)" in shown and "posterior standard deviation" in shown
+  assert inspect_checkpoint.main(["show", str(tmp_path / "nothing")]) == 2

@@ -1,0 +1,121 @@
+"""Look inside meshbayes checkpoints.
+
+  python tools/inspect_checkpoint.py list MODEL_DIR
+  python tools/inspect_checkpoint.py show MODEL_DIR [--step N]
+  python tools/inspect_checkpoint.py diff DIR_A DIR_B [--step N]
+
+``list`` prints the saved steps; ``show`` every parameter's shape, dtype,
+logical axes and bytes, and per layer the posterior standard deviations;
+``diff`` the largest absolute difference of every array of two checkpoints
+(parameters and optimizer state), exiting 0 only when all are identical.
+Arrays are read onto this host's first device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import numpy as np
+
+from meshbayes import checkpoints
+
+
+def _bytes(n: float) -> str:
+  for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+    if n < 1024 or unit == "TiB":
+      return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+    n /= 1024
+  raise AssertionError
+
+
+def list_steps(model_dir: str) -> str:
+  root = checkpoints.find_step_dir(model_dir).parent
+  lines = [f"checkpoints in {root}:"]
+  for step_dir in sorted((p for p in root.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)):
+    meta = checkpoints.read_meta(step_dir)
+    lines.append(f"  step {int(step_dir.name):>8}  (input position: {meta.get('data_position')} "
+                 "batches)")
+  return "\n".join(lines)
+
+
+def show(model_dir: str, step: int | None) -> str:
+  step_dir = checkpoints.find_step_dir(model_dir, step)
+  axes = checkpoints.read_meta(step_dir).get("param_logical_axes", {})
+  arrays = {k[len("params/"):]: v for k, v in checkpoints.read_arrays(step_dir).items()
+            if k.startswith("params/")}
+  width = max(len(name) for name in arrays)
+  lines = [f"checkpoint {step_dir}: {len(arrays)} parameter arrays, "
+           f"{sum(v.size for v in arrays.values()):,} elements, "
+           f"{_bytes(sum(v.nbytes for v in arrays.values()))}",
+           f"{'parameter':<{width}}  {'shape':<22} {'dtype':<8} {'logical axes':<36} {'bytes':>10}"]
+  for name, value in arrays.items():
+    logical = "(" + ", ".join(a or "-" for a in axes.get(name, [])) + ")"
+    lines.append(f"{name:<{width}}  {value.shape!s:<22} {value.dtype!s:<8} "
+                 f"{logical:<36} {_bytes(value.nbytes):>10}")
+  scales = {name: v for name, v in arrays.items() if name.endswith("_scale")}
+  if scales:
+    lines += ["", "posterior standard deviation (softplus of *_scale) per weight:",
+              f"{'weight':<{width}}  {'mean':>10} {'min':>10} {'max':>10}"]
+    for name, value in scales.items():
+      stddev = np.logaddexp(0.0, value.astype(np.float64))
+      lines.append(f"{name[:-len('_scale')]:<{width}}  {stddev.mean():>10.4g} "
+                   f"{stddev.min():>10.4g} {stddev.max():>10.4g}")
+  return "\n".join(lines)
+
+
+def diff(dir_a: str, dir_b: str, step: int | None) -> tuple[str, bool]:
+  a = checkpoints.read_arrays(checkpoints.find_step_dir(dir_a, step))
+  b = checkpoints.read_arrays(checkpoints.find_step_dir(dir_b, step))
+  identical = a.keys() == b.keys()
+  lines = [f"only in {dir_a}: {name}" for name in sorted(a.keys() - b.keys())]
+  lines += [f"only in {dir_b}: {name}" for name in sorted(b.keys() - a.keys())]
+  width = max(len(name) for name in a)
+  for name in sorted(a.keys() & b.keys()):
+    if a[name].shape != b[name].shape:
+      lines.append(f"{name:<{width}}  shapes differ: {a[name].shape} vs {b[name].shape}")
+      identical = False
+      continue
+    difference = np.max(np.abs(a[name].astype(np.float64) - b[name].astype(np.float64)),
+                        initial=0.0)
+    identical &= bool(np.array_equal(a[name], b[name]))
+    lines.append(f"{name:<{width}}  max |difference| {difference:.3g}")
+  lines.append("identical" if identical else "different")
+  return "\n".join(lines), identical
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  commands = parser.add_subparsers(dest="command", required=True)
+  commands.add_parser("list").add_argument("model_dir")
+  show_parser = commands.add_parser("show")
+  show_parser.add_argument("model_dir")
+  show_parser.add_argument("--step", type=int)
+  diff_parser = commands.add_parser("diff")
+  diff_parser.add_argument("dir_a")
+  diff_parser.add_argument("dir_b")
+  diff_parser.add_argument("--step", type=int)
+  args = parser.parse_args(argv)
+  try:
+    if args.command == "list":
+      print(list_steps(args.model_dir))
+    elif args.command == "show":
+      print(show(args.model_dir, args.step))
+    else:
+      text, identical = diff(args.dir_a, args.dir_b, args.step)
+      print(text)
+      return 0 if identical else 1
+  except checkpoints.CheckpointError as error:
+    print(f"inspect_checkpoint: error: {error}", file=sys.stderr)
+    return 2
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
