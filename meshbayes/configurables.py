@@ -10,11 +10,11 @@ import gin
 
 import models.configurables  # noqa: F401
 import partitioning.configurables  # noqa: F401
-from meshbayes import data, evaluation, optimizers, trainer
+from meshbayes import data, evaluation, inference, optimizers, trainer
 
 gin.external_configurable(trainer.train, name="train")
 gin.external_configurable(evaluation.evaluate, name="evaluate")
-gin.external_configurable(evaluation.infer, name="infer")
+gin.external_configurable(inference.infer, name="infer")
 gin.external_configurable(data.TaskData, module="data")
 gin.external_configurable(data.train_set_size, module="data")
 for _cls in (optimizers.Optimizer, optimizers.LearningRate, optimizers.KLWeight):

@@ -1,6 +1,7 @@
-"""Evaluation and inference of a checkpoint: ``python -m meshbayes.eval`` and ``.infer``.
+"""Evaluation of a checkpoint (``python -m meshbayes.eval``): quality, calibration and
+uncertainty on a split, and the teacher-forced metrics the trainer reports.
 
-Both restore only the parameters, placed on the partitioner's mesh, from the
+The parameters are restored alone, placed on the partitioner's mesh, from the
 latest (or a given) checkpoint in ``MODEL_DIR``.
 """
 
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,10 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
-from meshbayes import checkpoints as checkpoints_lib
+from meshbayes import metrics, predictive_eval
+from meshbayes.data import paths
 from meshbayes.data.pipeline import DataLayout, TaskData, get_task
+from meshbayes.inference import encode_lines, in_batches, read_lines, restore_params
 from models.base import BaseModel
 from partitioning import Partitioner
 
@@ -25,17 +28,6 @@ from partitioning import Partitioner
 def host_layout(partitioner: Partitioner, batch_size: int) -> DataLayout:
   layout = partitioner.data_layout(batch_size)
   return DataLayout(layout.per_host_batch_size, layout.shard_id, layout.num_shards)
-
-
-def restore_params(model_dir: str | Path, model: BaseModel, data: TaskData,
-                   partitioner: Partitioner, step: int | None = None) -> tuple[Any, int]:
-  """The parameters of a checkpoint, sharded for ``partitioner``, and its step."""
-  shapes = data.input_shapes()
-  abstract = jax.eval_shape(lambda k: {"params": model.get_initial_variables(k, shapes)["params"]},
-                            jax.random.key(0))
-  step_dir = checkpoints_lib.find_step_dir(model_dir, step)
-  return (checkpoints_lib.restore_subtree(step_dir, partitioner.placed(abstract))["params"],
-          int(step_dir.name))
 
 
 def teacher_forced_metrics(eval_fn, params: Any, batches: Iterable[dict[str, np.ndarray]],
@@ -54,27 +46,44 @@ def teacher_forced_metrics(eval_fn, params: Any, batches: Iterable[dict[str, np.
           if name != "num_tokens"} | {"num_tokens": num_tokens}
 
 
-def _decode_fn(model: BaseModel, partitioner: Partitioner, param_shardings: Any,
-               max_length: int, **decode_kwargs: Any):
-  batch = NamedSharding(partitioner.mesh, partitioner.batch_spec)
-  return jax.jit(functools.partial(model.predict_batch_with_aux, max_length=max_length,
-                                   **decode_kwargs),
-                 in_shardings=(param_shardings, batch, None))
+
+def _text(ids: Iterable[int], vocabulary: Any) -> str:
+  return vocabulary.decode(predictive_eval.until_eos(ids, vocabulary.eos_id))
 
 
-def _until_eos(ids: np.ndarray, eos_id: int) -> list[int]:
-  ids = [int(i) for i in ids if i > 0]
-  return ids[:ids.index(eos_id)] if eos_id in ids else ids
+def _shuffled_words(texts: Sequence[str], seed: int) -> list[str]:
+  rng = np.random.default_rng(seed)
+  return [" ".join(rng.permutation(text.split())) for text in texts]
+
+
+def _jsonable(tree: Any) -> Any:
+  """Per-bin arrays as lists, empty bins (NaN) as null."""
+  if isinstance(tree, dict):
+    return {k: _jsonable(v) for k, v in tree.items()}
+  if isinstance(tree, np.ndarray):
+    return [float(x) if np.isfinite(x) else None for x in tree.ravel()]
+  return tree
 
 
 def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
              partitioner: Partitioner | None = None, checkpoint_step: int | None = None,
              split: str | None = None, decode: bool = True, decode_method: str = "beam",
-             beam_size: int = 4, num_samples: int = 0, seed: int = 0) -> dict[str, float]:
-  """Teacher-forced and inference evaluation of a checkpoint on a split.
+             beam_size: int = 4, num_samples: int = 4, num_bins: int = metrics.DEFAULT_NUM_BINS,
+             ood_files: Mapping[str, str] | None = None, ood_shuffled_words: bool = False,
+             max_ood_examples: int = 1000, seed: int = 0) -> dict[str, Any]:
+  """Evaluates a checkpoint on a split: quality, calibration and uncertainty.
 
-  Writes ``MODEL_DIR/eval/<task>/metrics.json`` and, when decoding,
-  ``predictions.jsonl`` (input, target, prediction, score per example).
+  Reports the posterior-mean teacher-forced metrics (NLL, accuracy, ELBO) and
+  token-level calibration; when decoding, BLEU (sacrebleu, detokenized text),
+  exact match and sequence-level calibration error; with out-of-distribution
+  inputs, the AUROC of telling them from the split's inputs by mutual
+  information and by predictive entropy. A Bayesian model is evaluated through
+  the model average of ``num_samples`` weight samples (the headline figures)
+  and through its posterior mean.
+
+  Writes to ``MODEL_DIR/eval/<task>/``: ``metrics.json``, ``reliability.json``
+  and ``reliability.png`` (token- and sequence-level reliability diagrams), and
+  ``predictions_<predictive>.jsonl``.
 
   Args:
     model_dir: the run's directory.
@@ -83,100 +92,116 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
     partitioner: mesh and rules (default: data parallel).
     checkpoint_step: which checkpoint (default: the latest).
     split: the split to evaluate.
-    decode: also decode every input and report exact-match accuracy.
+    decode: decode the split (BLEU, sequence calibration, OOD).
     decode_method: ``beam``, ``greedy`` or ``sample``.
     beam_size: beams for ``beam``.
-    num_samples: 0 decodes with the posterior mean, S > 0 averages S weight
-      samples (Bayesian model averaging).
+    num_samples: weight samples of a Bayesian model's model average (0: the
+      posterior mean only).
+    num_bins: equal-width calibration bins.
+    ood_files: name -> text file of out-of-distribution inputs, one per line
+      (relative paths are relative to the data directory, ``make data``'s).
+    ood_shuffled_words: also use the split's inputs with their words shuffled
+      as an out-of-distribution set.
+    max_ood_examples: at most this many inputs per out-of-distribution set.
     seed: seed of weight samples and sampling.
 
   Returns:
-    The metrics.
+    The metrics (also in ``metrics.json``).
   """
+  if not isinstance(num_samples, int) or num_samples < 0:
+    raise ValueError(f"evaluate: num_samples={num_samples!r} must be an int >= 0")
   partitioner = partitioner or Partitioner()
   params, step = restore_params(model_dir, model, data, partitioner, checkpoint_step)
-  layout = host_layout(partitioner, data.batch_size)
-  param_shardings = jax.tree.map(lambda x: x.sharding, params)
-  eval_fn = jax.jit(lambda p, b: model.eval_fn(p, b)[1], in_shardings=(
-      param_shardings, NamedSharding(partitioner.mesh, partitioner.batch_spec)))
   split = split or data.eval_split
-  metrics = teacher_forced_metrics(eval_fn, params, data.eval_batches(layout, split), partitioner)
+  rng = jax.random.key(seed)
+  eval_fn = jax.jit(lambda p, b: model.eval_fn(p, b)[1], in_shardings=(
+      jax.tree.map(lambda x: x.sharding, params),
+      NamedSharding(partitioner.mesh, partitioner.batch_spec)))
+  batches = list(data.eval_batches(host_layout(partitioner, data.batch_size), split))
+  result: dict[str, Any] = {"step": step, "task": data.task, "split": split,
+                            "num_samples": num_samples}
+  result.update(teacher_forced_metrics(eval_fn, params, batches, partitioner))
+  variants = predictive_eval.predictives(model.is_bayesian, num_samples)
+  result["predictives"] = [v.name for v in variants]
+  reliability: dict[str, dict[str, Any]] = {}
+  result["token_calibration"] = {}
+  for variant in variants:
+    token = predictive_eval.token_calibration(model, params, batches, partitioner, variant,
+                                              rng, num_bins)
+    reliability[variant.name] = {"token": {k: v for k, v in token.items()
+                                           if k.startswith("bin_")}}
+    result["token_calibration"][variant.name] = {k: v for k, v in token.items()
+                                                 if not k.startswith("bin_")}
+  result["token_ece"] = result["token_calibration"][variants[0].name]["ece"]
   out_dir = Path(model_dir) / "eval" / data.task
   out_dir.mkdir(parents=True, exist_ok=True)
   if decode:
-    predict = _decode_fn(model, partitioner, param_shardings, data.feature_lengths["targets"],
-                         method=decode_method, beam_size=beam_size, num_samples=num_samples)
-    vocabulary = data.vocabulary
-    eos = vocabulary.eos_id
-    correct = total = 0
-    with open(out_dir / "predictions.jsonl", "w") as out, partitioner.activation_rules():
-      for i, batch in enumerate(data.eval_batches(layout, split)):
-        tokens, aux = jax.device_get(predict(params, partitioner.global_batch(batch),
-                                             jax.random.fold_in(jax.random.key(seed), i)))
-        for row in range(tokens.shape[0]):
-          if not batch["decoder_loss_weights"][row].any():
-            continue  # padding row
-          target = _until_eos(batch["decoder_target_tokens"][row], eos)
-          prediction = _until_eos(tokens[row], eos)
-          correct += prediction == target
-          total += 1
-          out.write(json.dumps({
-              "input": vocabulary.decode(_until_eos(batch["encoder_input_tokens"][row], eos)),
-              "target": vocabulary.decode(target), "prediction": vocabulary.decode(prediction),
-              "score": float(aux["scores"][row])}) + "\n")
-    metrics.update(sequence_accuracy=correct / max(total, 1), num_decoded=total)
-  metrics.update(step=step)
-  (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    _decode_split(result, reliability, model, params, data, batches, partitioner, variants,
+                  rng, num_bins, out_dir, ood_files or {}, ood_shuffled_words, max_ood_examples,
+                  method=decode_method, beam_size=beam_size)
+  (out_dir / "reliability.json").write_text(json.dumps(_jsonable(reliability)))
+  metrics.plot_token_and_sequence_reliability(
+      {f"{Path(model_dir).name} ({name})": curves for name, curves in reliability.items()},
+      out_dir / "reliability.png", title=f"{data.task}/{split}, step {step}")
+  (out_dir / "metrics.json").write_text(json.dumps(_jsonable(result), indent=2))
   print(f"evaluated step {step} on {data.task}/{split}: " + ", ".join(
-      f"{k} {v:.4g}" for k, v in metrics.items()))
-  return metrics
+      f"{k} {v:.4g}" for k, v in result.items() if isinstance(v, float)))
+  return result
 
 
-def _read_inputs(path: Path, vocabulary, length: int) -> Iterator[np.ndarray]:
-  for number, line in enumerate(path.read_text().splitlines(), 1):
-    try:
-      ids = list(vocabulary.encode(line.strip()))
-    except ValueError as error:
-      raise ValueError(f"{path}:{number}: cannot encode {line.strip()!r}: {error}") from None
-    ids = ids[:length - 1] + [vocabulary.eos_id]
-    yield np.pad(np.asarray(ids, np.int32), (0, length - len(ids)))
-
-
-def infer(*, model_dir: str, model: BaseModel, data: TaskData, input_file: str,
-          output_file: str, partitioner: Partitioner | None = None,
-          checkpoint_step: int | None = None, decode_method: str = "beam", beam_size: int = 4,
-          num_samples: int = 0, seed: int = 0) -> int:
-  """Decodes each line of ``input_file`` into the same line of ``output_file``.
-
-  Inputs are encoded with the task's input vocabulary and truncated to its
-  input length; decodes use ``data.batch_size`` rows at a time. A JSON-lines
-  file ``<output_file>.scores.jsonl`` holds each output's score.
-
-  Returns:
-    The number of lines decoded.
-  """
-  partitioner = partitioner or Partitioner()
-  params, _ = restore_params(model_dir, model, data, partitioner, checkpoint_step)
-  task = get_task(data.task)
-  input_vocabulary = task.output_features["inputs"].vocabulary
-  output_vocabulary = data.vocabulary
-  inputs = list(_read_inputs(Path(input_file), input_vocabulary, data.feature_lengths["inputs"]))
-  param_shardings = jax.tree.map(lambda x: x.sharding, params)
-  predict = _decode_fn(model, partitioner, param_shardings, data.feature_lengths["targets"],
-                       method=decode_method, beam_size=beam_size, num_samples=num_samples)
-  rows = data.batch_size
-  outputs, scores = [], []
-  with partitioner.activation_rules():
-    for start in range(0, len(inputs), rows):
-      chunk = np.stack(inputs[start:start + rows])
-      padded = np.pad(chunk, [(0, rows - len(chunk)), (0, 0)])
-      tokens, aux = jax.device_get(predict(params, partitioner.global_batch(
-          {"encoder_input_tokens": padded}), jax.random.fold_in(jax.random.key(seed), start)))
-      for row in range(len(chunk)):
-        outputs.append(output_vocabulary.decode(_until_eos(tokens[row], output_vocabulary.eos_id)))
-        scores.append(float(aux["scores"][row]))
-  Path(output_file).write_text("".join(line + "\n" for line in outputs))
-  Path(str(output_file) + ".scores.jsonl").write_text(
-      "".join(json.dumps({"output": o, "score": s}) + "\n" for o, s in zip(outputs, scores)))
-  print(f"decoded {len(outputs)} lines of {input_file} into {output_file}")
-  return len(outputs)
+def _decode_split(result: dict[str, Any], reliability: dict[str, dict[str, Any]],
+                  model: BaseModel, params: Any, data: TaskData, batches: list[dict[str, Any]],
+                  partitioner: Partitioner, variants: list[predictive_eval.Predictive],
+                  rng: jax.Array, num_bins: int, out_dir: Path, ood_files: Mapping[str, str],
+                  ood_shuffled_words: bool, max_ood_examples: int, **decode_kwargs: Any
+                  ) -> None:
+  """Decodes the split with each predictive: BLEU and sequence calibration into
+  ``result['decoding']``, the sequence reliability bins into ``reliability``, and
+  the OOD report of the headline predictive into ``result['ood']``."""
+  input_vocabulary = get_task(data.task).output_features["inputs"].vocabulary
+  vocabulary = data.vocabulary
+  inputs = np.concatenate([b["encoder_input_tokens"] for b in batches])
+  targets = np.concatenate([b["decoder_target_tokens"] for b in batches])
+  inputs, targets = inputs[inputs.any(-1)], targets[inputs.any(-1)]  # drop padding rows
+  input_texts = [_text(ids, input_vocabulary) for ids in inputs]
+  references = [_text(ids, vocabulary) for ids in targets]
+  decode = functools.partial(predictive_eval.decode_and_score, model, params,
+                             partitioner=partitioner, rng=rng,
+                             max_length=data.feature_lengths["targets"],
+                             eos_id=vocabulary.eos_id, **decode_kwargs)
+  result["decoding"] = {}
+  records_by_variant = {}
+  # A source with several references is decoded once.
+  unique_inputs, first, inverse = np.unique(inputs, axis=0, return_index=True,
+                                            return_inverse=True)
+  for variant in variants:
+    unique_records = decode(in_batches(unique_inputs, data.batch_size), predictive=variant)
+    records = [unique_records[i] for i in inverse.ravel()]
+    records_by_variant[variant.name] = records
+    predictions = [vocabulary.decode(list(r.output_ids)) for r in records]
+    sequence = predictive_eval.sequence_metrics(predictions, references, records, num_bins)
+    reliability[variant.name]["sequence"] = sequence.pop("reliability")
+    result["decoding"][variant.name] = sequence
+    with open(out_dir / f"predictions_{variant.name}.jsonl", "w") as out:
+      out.writelines(json.dumps({
+            "input": text, "target": reference, "prediction": prediction,
+            "log_prob": record.log_prob, "entropy": record.entropy,
+            "mutual_information": record.mutual_information}) + "\n" for text, reference, prediction, record in zip(input_texts, references, predictions,
+                                                     records))
+  headline = result["decoding"][variants[0].name]
+  result.update(bleu=headline["bleu"], sequence_accuracy=headline["exact_match"],
+                sequence_calibration_error=headline["sequence_calibration_error"],
+                num_decoded=headline["num_decoded"])
+  ood_inputs = {name: read_lines(paths.data_dir() / path, skip_empty=True)[:max_ood_examples]
+                for name, path in ood_files.items()}
+  if ood_shuffled_words:
+    sources = [input_texts[i] for i in np.sort(first)]
+    ood_inputs["shuffled_words"] = _shuffled_words(sources[:max_ood_examples], seed=0)
+  if ood_inputs:
+    length = data.feature_lengths["inputs"]
+    ood_records = {
+        name: decode(in_batches(encode_lines(lines, input_vocabulary, length, source=name),
+                                data.batch_size), predictive=variants[0])
+        for name, lines in ood_inputs.items()}
+    in_domain = [records_by_variant[variants[0].name][i] for i in np.sort(first)]
+    result["ood"] = predictive_eval.ood_report(in_domain, ood_records)

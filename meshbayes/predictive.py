@@ -70,3 +70,29 @@ def mutual_information(log_probs: Array) -> Array:
     ``[...]`` mutual information between the label and the weights.
   """
   return entropy(model_average(log_probs)) - jnp.mean(entropy(log_probs), axis=0)
+
+
+def streaming_model_average(log_prob_fn: Callable[[Array], Array], keys: Array
+                            ) -> tuple[Array, Array]:
+  """The model average and mutual information of ``log_prob_fn(key)`` over ``keys``,
+  holding one sample at a time (memory of one forward pass, not ``S``).
+
+  Args:
+    log_prob_fn: maps a PRNG key to normalized ``[..., classes]`` log-probabilities.
+    keys: ``[S]`` PRNG keys, one per posterior sample.
+
+  Returns:
+    ``(log mean_s p_s  [..., classes], mutual information [...])``, equal to
+    ``model_average`` and ``mutual_information`` of the stacked samples.
+  """
+  first = log_prob_fn(keys[0])
+
+  def add(carry, key):
+    log_sum, entropy_sum = carry
+    log_probs = log_prob_fn(key)
+    return (jnp.logaddexp(log_sum, log_probs), entropy_sum + entropy(log_probs)), None
+
+  (log_sum, entropy_sum), _ = jax.lax.scan(add, (first, entropy(first)), keys[1:])
+  num_samples = keys.shape[0]
+  average = log_sum - math.log(num_samples)
+  return average, entropy(average) - entropy_sum / num_samples

@@ -21,6 +21,11 @@ Metrics = dict[str, Array]
 class BaseModel(abc.ABC):
   """What a model must provide."""
 
+  @property
+  def is_bayesian(self) -> bool:
+    """Whether the parameters hold a posterior to sample weights from (default: no)."""
+    return False
+
   @abc.abstractmethod
   def get_initial_variables(self, rng: Array, input_shapes: Mapping[str, tuple[int, ...]]
                             ) -> Mapping[str, Any]:
@@ -50,12 +55,15 @@ class BaseModel(abc.ABC):
 
   @abc.abstractmethod
   def score_batch(self, params: Any, batch: Batch, rng: Array | None = None,
-                  num_samples: int = 0) -> tuple[Array, dict[str, Array]]:
+                  num_samples: int = 0, return_log_probs: bool = False
+                  ) -> tuple[Array, dict[str, Array]]:
     """Log-probability of each batch example's targets, and per-token details.
 
     Args:
       num_samples: 0 for the posterior mean, else average the predictive
         probabilities of that many posterior samples (needs ``rng``).
+      return_log_probs: also return the whole predictive distribution
+        (``aux['log_probs']``), e.g. for calibration.
     """
 
   @abc.abstractmethod

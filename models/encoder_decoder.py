@@ -90,6 +90,10 @@ class EncoderDecoderModel(BaseModel):
                        "in [0, 1)")
 
   @property
+  def is_bayesian(self) -> bool:
+    return self.config.estimators.is_bayesian
+
+  @property
   def module(self) -> Transformer:
     """The network with its training estimators."""
     return Transformer(self.config)
@@ -149,19 +153,24 @@ class EncoderDecoderModel(BaseModel):
 
   def _sample_keys(self, rng: Array | None, num_samples: int) -> tuple[Array, bool]:
     """Keys of the weight samples, and whether to use the posterior mean instead."""
-    if num_samples == 0 or not self.config.estimators.is_bayesian:
+    if num_samples == 0 or not self.is_bayesian:
       return jax.random.key(0)[None], True
     if rng is None:
       raise ValueError(f"num_samples={num_samples} posterior samples need an rng")
     return jax.random.split(rng, num_samples), False
 
-  def score_batch(self, params, batch, rng=None, num_samples=0):
+  def score_batch(self, params, batch, rng=None, num_samples=0, return_log_probs=False):
     """Target log-probabilities under the posterior mean or the model average.
 
+    The ``S`` weight samples run one after another, so memory holds one
+    forward pass whatever ``S``.
+
     Returns:
-      ``(sequence_log_probs (batch,), aux)`` with ``token_log_probs`` and, for
-      ``num_samples > 0``, ``token_mutual_information`` (both ``(batch, length)``,
-      0 at padding).
+      ``(sequence_log_probs (batch,), aux)`` with ``token_log_probs`` and
+      ``token_entropy`` (of the predictive distribution) and, for
+      ``num_samples > 0``, ``token_mutual_information`` (all ``(batch, length)``,
+      0 at padding); with ``return_log_probs``, also ``log_probs``
+      ``(batch, length, vocab)``, the whole predictive distribution.
     """
     keys, mean = self._sample_keys(rng, num_samples)
     module = self.sampling_module
@@ -170,16 +179,18 @@ class EncoderDecoderModel(BaseModel):
       logits = module.apply({"params": params}, batch["encoder_input_tokens"],
                             batch["decoder_input_tokens"], batch["decoder_target_tokens"],
                             deterministic=mean, rngs={"sample": key})
-      return jax.nn.log_softmax(logits)
+      return jax.nn.log_softmax(logits.astype(jnp.float32))
 
-    samples = jax.lax.map(log_probs, keys)  # (S, batch, length, vocab)
-    average = predictive.model_average(samples)
+    average, mutual_information = predictive.streaming_model_average(log_probs, keys)
     weights = batch["decoder_loss_weights"].astype(jnp.float32)
     targets = batch["decoder_target_tokens"]
     token_log_probs = jnp.take_along_axis(average, targets[..., None], -1)[..., 0] * weights
-    aux = {"token_log_probs": token_log_probs}
+    aux = {"token_log_probs": token_log_probs,
+           "token_entropy": predictive.entropy(average) * weights}
     if not mean:
-      aux["token_mutual_information"] = predictive.mutual_information(samples) * weights
+      aux["token_mutual_information"] = mutual_information * weights
+    if return_log_probs:
+      aux["log_probs"] = average
     return token_log_probs.sum(-1), aux
 
   def predict_batch_with_aux(self, params, batch, rng=None, *, method: str = "beam",

@@ -46,3 +46,14 @@ def test_sample_outputs_draws_independent_samples():
   np.testing.assert_allclose(samples.std(0), 1.0, rtol=0.05)
   with pytest.raises(ValueError, match="num_samples=0 must be >= 1"):
     predictive.sample_outputs(lambda k: k, jax.random.key(0), 0)
+
+
+def test_streaming_model_average_equals_stacked_samples():
+  """One sample at a time gives the stacked samples' average and mutual information."""
+  fn = lambda key: jax.nn.log_softmax(3 * jax.random.normal(key, (2, 3, 7)))
+  keys = jax.random.split(jax.random.key(0), 5)
+  stacked = jax.vmap(fn)(keys)
+  average, mutual_information = predictive.streaming_model_average(fn, keys)
+  np.testing.assert_allclose(average, predictive.model_average(stacked), atol=1e-5)
+  np.testing.assert_allclose(mutual_information, predictive.mutual_information(stacked),
+                             atol=1e-5)

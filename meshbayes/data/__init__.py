@@ -1,8 +1,9 @@
 """The data layer: seqio tasks and input pipelines. TensorFlow is imported here only.
 
 Importing this package registers the built-in tasks (``synthetic_copy``,
-``synthetic_reverse``) and the gin configurables ``data.TaskData`` and
-``data.train_set_size``.
+``synthetic_reverse``; the translation tasks of ``translation``: ``tatoeba_enfr``,
+``tatoeba_fren``, ``wmt14_enfr``, ...) and the gin configurables ``data.TaskData``
+and ``data.train_set_size``.
 """
 
 import contextlib
@@ -36,7 +37,8 @@ with _quiet_native_stderr():
 
   # TensorFlow only feeds data: keep it off accelerators, which JAX owns.
   tf.config.set_visible_devices([], "GPU")
-  from meshbayes.data import synthetic  # noqa: F401  (imports seqio; registers the tasks)
+  # Imports seqio; registers the synthetic and the translation tasks.
+  from meshbayes.data import synthetic, translation  # noqa: F401
 
 from meshbayes.data.pipeline import TaskData, train_set_size
 from meshbayes.data.vocabularies import IdVocabulary

@@ -6,13 +6,19 @@ run restarts exactly where it stopped by skipping the batches it consumed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import hashlib
+import json
+import os
 from collections.abc import Iterator, Mapping
 
 import numpy as np
 import seqio
 import tensorflow as tf
+
+from meshbayes.data import paths
 
 Batch = dict[str, np.ndarray]
 _FEATURES = ("inputs", "targets")
@@ -108,13 +114,34 @@ class TaskData:
       yield {k: np.pad(v, [(0, missing)] + [(0, 0)] * (v.ndim - 1)) for k, v in batch.items()}
 
 
+def _vocabulary_fingerprint(vocabulary: seqio.Vocabulary) -> str:
+  if isinstance(vocabulary, seqio.SentencePieceVocabulary):
+    return hashlib.sha256(vocabulary.sp_model).hexdigest()[:16]
+  return f"{type(vocabulary).__name__}:{vocabulary.vocab_size}"
+
+
 @functools.cache
 def _count(task: str, lengths: tuple[tuple[str, int], ...], unit: str, split: str) -> int:
+  """Counted once per data directory: ``<data dir>/cache/`` keeps it (``make data``
+  clears it when it prepares the corpus again; a new vocabulary changes the key)."""
+  vocabulary = get_task(task).output_features["targets"].vocabulary
+  key = f"{task}|{dict(lengths)}|{unit}|{split}|{_vocabulary_fingerprint(vocabulary)}"
+  cache = paths.data_dir() / "cache" / "train_set_size.json"
+  known = json.loads(cache.read_text()) if cache.is_file() else {}
+  if key in known:
+    return int(known[key])
   ds = get_task(task).get_dataset(sequence_length=dict(lengths), split=split, shuffle=False,
                                   use_cached=False)
   if unit == "examples":
-    return int(ds.reduce(0, lambda n, _: n + 1).numpy())
-  return int(ds.reduce(0, lambda n, ex: n + tf.size(ex["targets"])).numpy())
+    count = int(ds.reduce(0, lambda n, _: n + 1).numpy())
+  else:
+    count = int(ds.reduce(0, lambda n, ex: n + tf.size(ex["targets"])).numpy())
+  with contextlib.suppress(OSError):  # a read-only data directory only loses the cache
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    partial = cache.with_suffix(f".{os.getpid()}.tmp")
+    partial.write_text(json.dumps(dict(known, **{key: count}), indent=1))
+    partial.replace(cache)
+  return count
 
 
 def train_set_size(task: str, feature_lengths: Mapping[str, int], unit: str = "tokens",

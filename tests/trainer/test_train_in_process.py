@@ -5,6 +5,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -141,13 +142,21 @@ def test_evaluate_infer_and_show_a_trained_run(trained, tmp_path, capsys):
   run_files = lambda run: ["--gin_file=models/tiny.gin", f"--gin_file=runs/{run}.gin",
                            "--gin_file=tasks/synthetic.gin"]
   code, _, err = command(capsys, "evaluate", *run_files("eval"), *common,
-                         "--gin.evaluate.decode_method='greedy'")
+                         "--gin.evaluate.decode_method='greedy'",
+                         "--gin.evaluate.ood_shuffled_words=True",
+                         "--gin.evaluate.max_ood_examples=100")
   assert code == 0, err[-2000:]
   out_dir = trained / "eval" / "synthetic_reverse"
   metrics = json.loads((out_dir / "metrics.json").read_text())
   assert metrics["step"] == 8 and metrics["num_decoded"] == 512
-  assert {"nll", "accuracy", "neg_elbo", "sequence_accuracy"} <= set(metrics)
-  assert len((out_dir / "predictions.jsonl").read_text().splitlines()) == 512
+  assert {"nll", "accuracy", "neg_elbo", "sequence_accuracy", "bleu", "token_ece",
+          "sequence_calibration_error"} <= set(metrics)
+  assert metrics["predictives"] == ["model_average", "posterior_mean"]
+  assert 0 <= metrics["token_calibration"]["model_average"]["ece"] <= 1
+  assert metrics["ood"]["shuffled_words"]["num_examples"] == 100
+  for name in metrics["predictives"]:
+    assert len((out_dir / f"predictions_{name}.jsonl").read_text().splitlines()) == 512
+  assert (out_dir / "reliability.png").stat().st_size > 0
 
   inputs, outputs = tmp_path / "in.txt", tmp_path / "out.txt"
   inputs.write_text("5 6 7 8\n9 10 11\n2 3\n")
@@ -156,6 +165,9 @@ def test_evaluate_infer_and_show_a_trained_run(trained, tmp_path, capsys):
                          "--gin.infer.num_samples=2")
   assert code == 0, err[-2000:]
   assert len(outputs.read_text().splitlines()) == 3
+  scores = [json.loads(line) for line in Path(f"{outputs}.scores.jsonl").read_text().splitlines()]
+  assert len(scores) == 3 and all(s["log_prob"] <= 0 and s["mutual_information"] >= 0
+                                  for s in scores)
   bad = tmp_path / "bad.txt"
   bad.write_text("5 6\n5 x\n")
   code, _, err = command(capsys, "infer", *run_files("infer"), *common,

@@ -1,0 +1,66 @@
+"""A seqio TFDS source that reads prepared data and never downloads.
+
+seqio's ``TfdsDataSource`` reads through ``tfds.load(download=True,
+try_gcs=True)``; with ``read_only=True`` (used here) it reads the prepared
+files through ``tfds.builder(...).as_dataset`` instead, but a missing dataset
+then fails deep inside TFDS (an AssertionError; a builder for absent data also
+looks its metadata up on GCS where TFDS has GCS access enabled). This source
+first checks that the dataset is prepared in ``paths.tfds_data_dir()`` (looked
+up when used) and otherwise raises a one-line ValueError saying how to
+prepare it, before TFDS is asked anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import seqio
+
+from meshbayes.data import paths
+
+
+class OfflineTfdsDataSource(seqio.TfdsDataSource):
+  """``seqio.TfdsDataSource`` for a prepared ``name/config:version``, offline.
+
+  Args:
+    tfds_name: e.g. ``'wmt14_translate/de-en:1.0.0'`` (config and version required).
+    splits: the canonical splits, read from TFDS splits of the same names.
+  """
+
+  def __init__(self, tfds_name: str, splits: Sequence[str] = ("train", "validation", "test")):
+    name, _, version = tfds_name.partition(":")
+    if name.count("/") != 1 or not version:
+      raise ValueError(f"OfflineTfdsDataSource: tfds_name={tfds_name!r} must be "
+                       "'name/config:version'")
+    self._tfds_name = tfds_name
+    super().__init__(tfds_name=tfds_name, splits=splits, read_only=True)
+
+  def info_path(self, root: Path | None = None) -> Path:
+    """The ``dataset_info.json`` a prepared copy has under ``root`` (default: the TFDS dir)."""
+    name, _, version = self._tfds_name.partition(":")
+    return Path(root or paths.tfds_data_dir()) / name / version / "dataset_info.json"
+
+  def _require_prepared(self) -> None:
+    root = paths.tfds_data_dir()
+    if not self.info_path(root).is_file():
+      name = self._tfds_name
+      raise ValueError(
+          f"TFDS dataset {name} is not prepared in {root} (no {self.info_path(root)}) and is "
+          f"never downloaded at run time; on a machine with internet run `tfds build {name} "
+          f"--data_dir=DIR`, copy DIR here and set TFDS_DATA_DIR=DIR")
+    self.tfds_dataset.override_data_dir(str(root))
+
+  def get_dataset(self, split: str | None = None, shuffle: bool = True,
+                  seed: int | None = None, shard_info: seqio.ShardInfo | None = None,
+                  **kwargs):
+    self._require_prepared()
+    return super().get_dataset(split, shuffle, seed, shard_info, **kwargs)
+
+  def list_shards(self, split: str) -> Sequence[str]:
+    self._require_prepared()
+    return super().list_shards(split)
+
+  def num_input_examples(self, split: str) -> int | None:
+    self._require_prepared()
+    return super().num_input_examples(split)

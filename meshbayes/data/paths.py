@@ -1,0 +1,43 @@
+"""Where prepared data lives: the data directory, vocabularies and TFDS data.
+
+- Data directory: ``$MESHBAYES_DATA_DIR``, else ``<repository>/data``
+  (git-ignored). ``make data`` fills it; nothing is downloaded at run time.
+- Vocabularies: ``<data dir>/vocabularies/<name>.model``, one SentencePiece
+  model per corpus and language pair, shared by both directions (e.g.
+  ``tatoeba_en-fr``, ``wmt_en-de``); ``tools/train_vocab.py`` writes them.
+- TFDS data (WMT): ``set_tfds_data_dir(path)``, else ``$TFDS_DATA_DIR``, else
+  TFDS's default ``~/tensorflow_datasets``.
+
+Every location is looked up when it is used, so setting the environment after
+import works.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+_tfds_data_dir: str | None = None
+
+
+def data_dir() -> Path:
+  """The directory ``make data`` writes to and the tasks read from."""
+  return Path(os.environ.get("MESHBAYES_DATA_DIR") or REPOSITORY / "data")
+
+
+def vocabulary_path(name: str) -> Path:
+  """The SentencePiece model named ``name`` (e.g. ``'tatoeba_en-fr'``)."""
+  return data_dir() / "vocabularies" / f"{name}.model"
+
+
+def set_tfds_data_dir(path: str | os.PathLike | None) -> None:
+  """Reads TFDS datasets from ``path`` (None: back to ``$TFDS_DATA_DIR``)."""
+  global _tfds_data_dir
+  _tfds_data_dir = None if path is None else os.fspath(path)
+
+
+def tfds_data_dir() -> Path:
+  """Where prepared TFDS datasets are read from."""
+  return Path(_tfds_data_dir or os.environ.get("TFDS_DATA_DIR")
+              or Path("~/tensorflow_datasets").expanduser())

@@ -1,0 +1,91 @@
+"""Reliability diagrams: mean correctness against mean confidence per bin.
+
+A curve is any mapping with the per-bin arrays ``bin_confidence``,
+``bin_accuracy`` and ``bin_count`` (``token_calibration_metrics`` and
+``reliability_bins`` return them). Several models share one figure, so a
+deterministic and a Bayesian model can be compared at a glance. matplotlib is
+imported inside the plotting functions, with the Agg backend (no display).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import numpy as np
+
+Curve = Mapping[str, object]
+
+
+def _pyplot():
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  return plt
+
+
+def _draw(ax_reliability, ax_count, curves: Mapping[str, Curve], ylabel: str) -> None:
+  """One reliability panel (lines per model, the diagonal) over its bin-count histogram."""
+  ax_reliability.plot([0, 1], [0, 1], linestyle="--", color="gray", linewidth=1,
+                      label="perfect calibration")
+  num_models = max(len(curves), 1)
+  for k, (name, curve) in enumerate(curves.items()):
+    confidence = np.asarray(curve["bin_confidence"], np.float64)
+    accuracy = np.asarray(curve["bin_accuracy"], np.float64)
+    count = np.asarray(curve["bin_count"], np.float64)
+    num_bins = count.size
+    filled = count > 0  # empty bins have no mean to draw
+    line, = ax_reliability.plot(confidence[filled], accuracy[filled], marker="o", label=name)
+    # Bars side by side within each bin, as fractions of the model's total.
+    width = 1.0 / num_bins / num_models
+    left = np.arange(num_bins) / num_bins + k * width
+    ax_count.bar(left, count / max(count.sum(), 1e-12), width=width, align="edge",
+                 color=line.get_color(), label=name)
+  ax_reliability.set(xlim=(0, 1), ylim=(0, 1), ylabel=ylabel, aspect="equal")
+  ax_reliability.legend(loc="upper left", fontsize="small")
+  ax_count.set(xlim=(0, 1), xlabel="confidence", ylabel="fraction")
+
+
+def plot_reliability(curves: Mapping[str, Curve], path: str | os.PathLike,
+                     title: str = "", ylabel: str = "accuracy") -> None:
+  """Draws one reliability diagram for one or several models and saves it as PNG.
+
+  Args:
+    curves: ``{model name: per-bin arrays}``.
+    path: the PNG to write.
+    title: figure title.
+    ylabel: what the y axis measures (``accuracy``, ``BLEU / 100``...).
+  """
+  plt = _pyplot()
+  fig, (ax_reliability, ax_count) = plt.subplots(
+      2, 1, figsize=(4.5, 6), gridspec_kw={"height_ratios": [3, 1]}, sharex=True)
+  _draw(ax_reliability, ax_count, curves, ylabel)
+  ax_reliability.set_title(title)
+  fig.tight_layout()
+  fig.savefig(path, format="png", dpi=100)
+  plt.close(fig)
+
+
+def plot_token_and_sequence_reliability(results: Mapping[str, Mapping[str, Curve]],
+                                        path: str | os.PathLike, title: str = "") -> None:
+  """Token-level and sequence-level reliability diagrams side by side, saved as PNG.
+
+  Args:
+    results: ``{model name: {'token': per-bin arrays, 'sequence': per-bin arrays}}``;
+      a model lacking one level is left out of that panel.
+    path: the PNG to write.
+    title: figure title.
+  """
+  plt = _pyplot()
+  fig, axes = plt.subplots(2, 2, figsize=(9, 6), gridspec_kw={"height_ratios": [3, 1]},
+                           sharex=True)
+  for column, (level, ylabel) in enumerate([("token", "accuracy"),
+                                            ("sequence", "BLEU / 100")]):
+    curves = {name: levels[level] for name, levels in results.items() if level in levels}
+    _draw(axes[0, column], axes[1, column], curves, ylabel)
+    axes[0, column].set_title(f"{level} level")
+  if title:
+    fig.suptitle(title)
+  fig.tight_layout()
+  fig.savefig(path, format="png", dpi=100)
+  plt.close(fig)

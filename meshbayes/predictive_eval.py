@@ -1,0 +1,228 @@
+"""Passes over a split that measure predictions and their uncertainty.
+
+* ``token_calibration``: teacher-forced token-level calibration (ECE,
+  weighted ECE, Brier, NLL, accuracy) of the posterior mean or of the model
+  average over ``S`` weight samples; the statistics are summed on device.
+* ``decode_and_score``: decodes inputs, then scores each output under the
+  predictive distribution, giving its probability (sequence confidence) and
+  its per-token predictive entropy and mutual information (epistemic
+  uncertainty), averaged over the output's tokens.
+* ``sequence_metrics`` and ``ood_report`` turn those records into BLEU,
+  sequence-level calibration error and OOD AUROC.
+
+The definitions are in ``meshbayes.metrics.calibration``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+
+from meshbayes import metrics
+from models.base import BaseModel
+from partitioning import Partitioner
+
+Batch = dict[str, np.ndarray]
+
+
+@dataclasses.dataclass(frozen=True)
+class Predictive:
+  """Which predictive distribution: the posterior mean or a model average.
+
+  Attributes:
+    name: ``posterior_mean`` or ``model_average``.
+    num_samples: 0 (posterior mean) or ``S`` weight samples averaged.
+  """
+
+  name: str
+  num_samples: int = 0
+
+  def __post_init__(self):
+    if self.num_samples < 0 or (self.num_samples == 0) != (self.name == "posterior_mean"):
+      raise ValueError(f"Predictive: name={self.name!r} with num_samples={self.num_samples} "
+                       "must be 'posterior_mean' with 0 or 'model_average' with S > 0")
+
+
+def predictives(is_bayesian: bool, num_samples: int) -> list[Predictive]:
+  """The distributions to evaluate, the headline one first: the model average of
+  ``num_samples`` weight samples for a Bayesian model (and its posterior mean),
+  the only one for a deterministic model."""
+  if is_bayesian and num_samples > 0:
+    return [Predictive("model_average", num_samples), Predictive("posterior_mean")]
+  return [Predictive("posterior_mean")]
+
+
+def _batch_sharding(partitioner: Partitioner) -> NamedSharding:
+  return NamedSharding(partitioner.mesh, partitioner.batch_spec)
+
+
+def token_calibration(model: BaseModel, params: Any, batches: Iterable[Batch],
+                      partitioner: Partitioner, predictive: Predictive, rng: jax.Array,
+                      num_bins: int = metrics.DEFAULT_NUM_BINS) -> dict[str, Any]:
+  """Teacher-forced token-level calibration metrics over ``batches``.
+
+  Returns:
+    ``metrics.token_calibration_metrics`` (scalars and per-bin arrays).
+  """
+  param_shardings = jax.tree.map(lambda x: x.sharding, params)
+
+  @functools.partial(jax.jit, in_shardings=(param_shardings, _batch_sharding(partitioner),
+                                            None))
+  def statistics(params, batch, rng):
+    _, aux = model.score_batch(params, batch, rng, num_samples=predictive.num_samples,
+                               return_log_probs=True)
+    return metrics.token_calibration_statistics(
+        aux["log_probs"], batch["decoder_target_tokens"],
+        batch["decoder_loss_weights"].astype(jnp.float32), num_bins)
+
+  sums = []
+  with partitioner.activation_rules():
+    for i, batch in enumerate(batches):
+      sums.append(jax.device_get(statistics(params, partitioner.global_batch(batch),
+                                            jax.random.fold_in(rng, i))))
+  return metrics.token_calibration_metrics(metrics.sum_statistics(sums))
+
+
+@dataclasses.dataclass(frozen=True)
+class Decoded:
+  """One decoded input.
+
+  Attributes:
+    output_ids: the output, without EOS and padding.
+    log_prob: log-probability of the output (EOS included) under the
+      predictive distribution.
+    num_tokens: tokens scored (the output and its EOS).
+    entropy: mean per-token entropy of the predictive distribution (nats).
+    mutual_information: mean per-token mutual information between the next
+      token and the weights (nats; 0 for the posterior mean).
+  """
+
+  output_ids: tuple[int, ...]
+  log_prob: float
+  num_tokens: int
+  entropy: float
+  mutual_information: float
+
+  @property
+  def confidence(self) -> float:
+    """The output's probability."""
+    return float(np.exp(self.log_prob))
+
+  @property
+  def length_normalized_confidence(self) -> float:
+    """The geometric mean of its token probabilities."""
+    return float(np.exp(self.log_prob / max(self.num_tokens, 1)))
+
+
+def until_eos(ids: Iterable[int], eos_id: int) -> list[int]:
+  """The ids before the first EOS, padding dropped."""
+  ids = [int(i) for i in ids if i > 0]
+  return ids[:ids.index(eos_id)] if eos_id in ids else ids
+
+
+def _as_targets(outputs: Sequence[list[int]], length: int, eos_id: int) -> Batch:
+  """A teacher-forcing batch whose targets are ``outputs`` followed by EOS."""
+  targets = np.zeros((len(outputs), length), np.int32)
+  for row, ids in enumerate(outputs):
+    ids = (ids + [eos_id])[:length]
+    targets[row, :len(ids)] = ids
+  inputs = np.pad(targets[:, :-1], [(0, 0), (1, 0)])
+  return {"decoder_target_tokens": targets, "decoder_input_tokens": inputs,
+          "decoder_loss_weights": (targets > 0).astype(np.int32)}
+
+
+def decode_and_score(model: BaseModel, params: Any, input_batches: Iterable[np.ndarray],
+                     partitioner: Partitioner, predictive: Predictive, rng: jax.Array,
+                     max_length: int, eos_id: int, **decode_kwargs: Any) -> list[Decoded]:
+  """Decodes each row of ``input_batches`` (``(batch, input length)`` token ids, all-zero
+  rows skipped) and scores the outputs under the same predictive distribution.
+
+  Args:
+    model: the model.
+    params: its parameters, sharded for ``partitioner``.
+    input_batches: encoder input tokens, a global batch each.
+    partitioner: mesh and rules.
+    predictive: decode and score with the posterior mean or a model average.
+    rng: key of weight samples and sampling.
+    max_length: most output tokens, EOS included.
+    eos_id: end of sequence.
+    **decode_kwargs: ``predict_batch_with_aux`` options (``method``, ``beam_size``).
+
+  Returns:
+    One record per non-empty input row, in order.
+  """
+  param_shardings = jax.tree.map(lambda x: x.sharding, params)
+  batch_sharding = _batch_sharding(partitioner)
+  decode = jax.jit(functools.partial(model.predict_batch_with_aux, max_length=max_length,
+                                     num_samples=predictive.num_samples, **decode_kwargs),
+                   in_shardings=(param_shardings, batch_sharding, None))
+  score = jax.jit(functools.partial(model.score_batch, num_samples=predictive.num_samples),
+                  in_shardings=(param_shardings, batch_sharding, None))
+  records = []
+  with partitioner.activation_rules():
+    for i, inputs in enumerate(input_batches):
+      decode_rng, score_rng = jax.random.split(jax.random.fold_in(rng, i))
+      tokens, _ = decode(params, partitioner.global_batch({"encoder_input_tokens": inputs}),
+                         decode_rng)
+      outputs = [until_eos(row, eos_id) for row in jax.device_get(tokens)]
+      batch = dict(_as_targets(outputs, max_length, eos_id), encoder_input_tokens=inputs)
+      log_probs, aux = jax.device_get(score(params, partitioner.global_batch(batch), score_rng))
+      counts = batch["decoder_loss_weights"].sum(-1)
+      information = aux.get("token_mutual_information", np.zeros_like(aux["token_entropy"]))
+      for row in np.flatnonzero(inputs.any(-1)):
+        n = max(int(counts[row]), 1)
+        records.append(Decoded(tuple(outputs[row]), float(log_probs[row]), int(counts[row]),
+                               float(aux["token_entropy"][row].sum() / n),
+                               float(information[row].sum() / n)))
+  return records
+
+
+def sequence_metrics(predictions: Sequence[str], references: Sequence[str],
+                     records: Sequence[Decoded], num_bins: int = metrics.DEFAULT_NUM_BINS
+                     ) -> dict[str, Any]:
+  """BLEU and sequence-level calibration of decoded outputs against references.
+
+  Correctness of an output is its sentence BLEU / 100; its confidence is its
+  probability (``sequence_calibration_error``) or the geometric mean of its
+  token probabilities (``..._length_normalized``).
+  """
+  bleu = metrics.corpus_bleu(predictions, references)
+  # sacrebleu can exceed 100 by a rounding error.
+  correctness = np.clip(metrics.sentence_bleus(predictions, references) / 100.0, 0.0, 1.0)
+  confidence = np.array([r.confidence for r in records])
+  normalized = np.array([r.length_normalized_confidence for r in records])
+  return {
+      "bleu": bleu.score, "bleu_signature": bleu.signature,
+      "exact_match": float(np.mean([p == r for p, r in zip(predictions, references)])),
+      "sequence_calibration_error": metrics.sequence_calibration_error(
+          confidence, correctness, num_bins),
+      "sequence_calibration_error_length_normalized": metrics.sequence_calibration_error(
+          normalized, correctness, num_bins),
+      "mean_sequence_confidence": float(confidence.mean()),
+      "mean_sentence_bleu": float(correctness.mean() * 100.0),
+      "reliability": metrics.sequence_reliability_bins(confidence, correctness, num_bins),
+      "num_decoded": len(records)}
+
+
+def ood_report(in_domain: Sequence[Decoded], out_of_domain: Mapping[str, Sequence[Decoded]]
+               ) -> dict[str, dict[str, float]]:
+  """AUROC of telling each out-of-distribution set from the in-domain inputs by the
+  outputs' mean mutual information and mean predictive entropy (higher = OOD)."""
+  report = {}
+  for name, records in out_of_domain.items():
+    entry = {"num_examples": len(records)}
+    for score in ("mutual_information", "entropy"):
+      inside = [getattr(r, score) for r in in_domain]
+      outside = [getattr(r, score) for r in records]
+      entry[f"auroc_{score}"] = metrics.auroc(inside, outside)
+      entry[f"mean_{score}_in_domain"] = float(np.mean(inside))
+      entry[f"mean_{score}_ood"] = float(np.mean(outside))
+    report[name] = entry
+  return report

@@ -1,0 +1,109 @@
+"""The evaluation passes against direct computations with the model's own functions."""
+
+import functools
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from meshbayes import metrics, predictive_eval
+from models.encoder_decoder import EncoderDecoderModel
+from models.transformer import TransformerConfig
+from partitioning import Partitioner
+from tests.models.synthetic import EOS, make_batch
+
+CONFIG = TransformerConfig(vocab_size=16, emb_dim=16, num_heads=2, head_dim=8,
+                           num_encoder_layers=1, num_decoder_layers=1, mlp_dim=32,
+                           dropout_rate=0.0)
+MODEL = EncoderDecoderModel(CONFIG, num_train_units=1000)
+LENGTH = 6
+
+
+@pytest.fixture(scope="module")
+def setup():
+  batches = [make_batch(np.random.default_rng(i), 8, LENGTH, 16) for i in range(2)]
+  batches[1] = {k: np.concatenate([v[:5], np.zeros_like(v[5:])]) for k, v in batches[1].items()}
+  partitioner = Partitioner(data=8, model=1)
+  shapes = {k: v.shape for k, v in batches[0].items()}
+  params, _ = partitioner.init(lambda k: MODEL.get_initial_variables(k, shapes)["params"],
+                               jax.random.key(0))
+  return partitioner, params, batches
+
+
+def test_predictives():
+  assert predictive_eval.predictives(True, 4) == [
+      predictive_eval.Predictive("model_average", 4), predictive_eval.Predictive("posterior_mean")]
+  assert predictive_eval.predictives(False, 4) == [predictive_eval.Predictive("posterior_mean")]
+  with pytest.raises(ValueError, match="num_samples=0"):
+    predictive_eval.Predictive("model_average", 0)
+
+
+@pytest.mark.parametrize("num_samples", [0, 3])
+def test_token_calibration_sums_the_batches(setup, num_samples):
+  partitioner, params, batches = setup
+  variant = predictive_eval.predictives(True, num_samples)[0]
+  rng = jax.random.key(5)
+  result = predictive_eval.token_calibration(MODEL, params, batches, partitioner, variant, rng)
+  per_batch = []
+  unboxed = nn.unbox(params)
+  score = jax.jit(functools.partial(MODEL.score_batch, num_samples=num_samples,
+                                    return_log_probs=True))
+  for i, batch in enumerate(batches):
+    _, aux = score(unboxed, batch, jax.random.fold_in(rng, i))
+    per_batch.append(metrics.token_calibration_statistics(
+        aux["log_probs"], batch["decoder_target_tokens"], batch["decoder_loss_weights"]))
+  expected = metrics.token_calibration_metrics(metrics.sum_statistics(per_batch))
+  assert result["tokens"] == sum(b["decoder_loss_weights"].sum() for b in batches)
+  for name in ("ece", "weighted_ece", "brier", "nll", "accuracy"):
+    np.testing.assert_allclose(result[name], expected[name], rtol=1e-5, atol=1e-6)
+
+
+def test_decode_and_score_reports_each_outputs_probability(setup):
+  partitioner, params, batches = setup
+  variant = predictive_eval.Predictive("model_average", 2)
+  inputs = [b["encoder_input_tokens"] for b in batches]
+  records = predictive_eval.decode_and_score(MODEL, params, inputs, partitioner, variant,
+                                             jax.random.key(1), LENGTH, EOS, method="greedy")
+  assert len(records) == 13  # padding rows skipped
+  unboxed = nn.unbox(params)
+  # Rescore the first batch's outputs with the model's own score_batch.
+  decode_rng, score_rng = jax.random.split(jax.random.fold_in(jax.random.key(1), 0))
+  tokens, _ = jax.jit(functools.partial(
+      MODEL.predict_batch_with_aux, method="greedy", num_samples=2, max_length=LENGTH))(
+          unboxed, {"encoder_input_tokens": inputs[0]}, decode_rng)
+  score = jax.jit(functools.partial(MODEL.score_batch, num_samples=2))
+  for row in range(8):
+    output = predictive_eval.until_eos(np.asarray(tokens[row]), EOS)
+    assert records[row].output_ids == tuple(output)
+    targets = np.zeros((1, LENGTH), np.int32)
+    ids = (output + [EOS])[:LENGTH]
+    targets[0, :len(ids)] = ids
+    batch = {"encoder_input_tokens": inputs[0][row:row + 1], "decoder_target_tokens": targets,
+             "decoder_input_tokens": np.pad(targets[:, :-1], [(0, 0), (1, 0)]),
+             "decoder_loss_weights": (targets > 0).astype(np.float32)}
+    log_prob, aux = score(unboxed, batch, score_rng)
+    # Each row's weight samples come from the same key, so a row scores alike alone.
+    np.testing.assert_allclose(records[row].log_prob, float(log_prob[0]), rtol=1e-4)
+    assert records[row].num_tokens == len(ids)
+    np.testing.assert_allclose(records[row].mutual_information,
+                               float(aux["token_mutual_information"].sum()) / len(ids),
+                               rtol=1e-3, atol=1e-7)
+    assert 0 < records[row].confidence <= records[row].length_normalized_confidence <= 1
+
+
+def test_sequence_metrics_and_ood_report():
+  record = lambda log_prob, n, mi: predictive_eval.Decoded((2,), log_prob, n, 2 * mi, mi)
+  records = [record(np.log(0.9), 2, 0.1), record(np.log(0.25), 2, 0.2)]
+  result = predictive_eval.sequence_metrics(["a b c d", "x y"], ["a b c d", "p q"], records,
+                                            num_bins=10)
+  assert result["bleu"] == pytest.approx(metrics.corpus_bleu(["a b c d", "x y"],
+                                                             ["a b c d", "p q"]).score)
+  assert result["exact_match"] == 0.5
+  # Correctness 1 and 0; confidences 0.9 and 0.25 (length-normalized 0.949 and 0.5).
+  assert result["sequence_calibration_error"] == pytest.approx((0.1 + 0.25) / 2)
+  assert result["sequence_calibration_error_length_normalized"] == pytest.approx(
+      (1 - 0.9 ** 0.5 + 0.5) / 2)
+  ood = predictive_eval.ood_report(records, {"far": [record(0.0, 1, 0.3), record(0.0, 1, 0.15)]})
+  assert ood["far"]["auroc_mutual_information"] == pytest.approx(0.75)
+  assert ood["far"]["auroc_entropy"] == pytest.approx(0.75)

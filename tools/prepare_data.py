@@ -1,0 +1,67 @@
+"""Prepare the offline Tatoeba English-French corpus (what ``make data`` runs first).
+
+  python tools/prepare_data.py [--data_dir=DIR] [--sdist=nmt-0.0.6.tar.gz] [--force]
+
+Downloads the ``nmt==0.0.6`` source distribution with pip (unless ``--sdist``
+names a copy), checks its SHA-256 and writes the splits, the Spanish OOD
+sentences and the attribution under ``DIR/tatoeba/`` (default: the data
+directory, ``$MESHBAYES_DATA_DIR`` or ``data/``). Does nothing when that is
+already prepared, unless ``--force``. See ``meshbayes/data/tatoeba.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from meshbayes.data import paths, tatoeba
+
+
+def _summary(manifest: dict, root: Path) -> str:
+  lines = [f"Tatoeba en-fr in {tatoeba.corpus_dir(root)}:"]
+  for name, stats in manifest["splits"].items():
+    lines.append(f"  {name:>10}: {stats['pairs']:>7,} pairs, {stats['english']:>7,} distinct "
+                 f"English, {stats['french']:>7,} distinct French sentences")
+  malformed = manifest["malformed"]
+  lines.append(f"  malformed lines skipped: {malformed['fra-eng']} (fra-eng), "
+               f"{malformed['spa-eng']} (spa-eng); OOD Spanish sentences: "
+               f"{manifest['ood_spanish']:,}")
+  return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--data_dir", type=Path, default=None,
+                      help="default: $MESHBAYES_DATA_DIR or <repository>/data")
+  parser.add_argument("--sdist", type=Path, default=None,
+                      help=f"a local {tatoeba.SDIST_NAME} instead of downloading it")
+  parser.add_argument("--force", action="store_true", help="prepare again")
+  args = parser.parse_args(argv)
+  root = args.data_dir or paths.data_dir()
+  start = time.perf_counter()
+  try:
+    manifest = None if args.force else tatoeba.read_manifest(root)
+    if manifest is not None:
+      print(f"{tatoeba.corpus_dir(root)} is already prepared (--force prepares it again)")
+      return manifest
+    if args.sdist:
+      manifest = tatoeba.prepare(root, args.sdist)
+    else:
+      with tempfile.TemporaryDirectory(prefix="meshbayes-sdist-") as tmp:
+        manifest = tatoeba.prepare(root, tatoeba.download_sdist(tmp))
+  except (OSError, ValueError, RuntimeError) as error:
+    print(f"prepare_data: error: {error}", file=sys.stderr)
+    raise SystemExit(1) from None
+  print(_summary(manifest, root))
+  print(f"  prepared in {time.perf_counter() - start:.1f} s")
+  return manifest
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,87 @@
+"""Train a translation task's SentencePiece vocabulary (what ``make data`` runs second).
+
+  python tools/train_vocab.py --task=tatoeba_enfr [--vocab_size=8000] [--output=PATH]
+      [--model_type=unigram] [--max_pairs=N] [--lengths] [--force]
+
+Reads both sides of the task's raw training pairs through its seqio source
+(no vocabulary needed) and writes the model where the task expects it,
+``<data dir>/vocabularies/<name>.model``, unless ``--output`` says otherwise.
+Ids: 0 pad, 1 EOS, 2 UNK, no BOS (T5's). Deterministic given its inputs.
+For WMT, ``--max_pairs`` bounds the reading (e.g. 2000000: the first pairs of
+the TFDS training split; SentencePiece samples at most 1M sentences anyway).
+An existing model of the requested size is kept unless ``--force``.
+``--lengths`` prints percentiles of the training pairs' token lengths (EOS
+included), for choosing ``TASK_FEATURE_LENGTHS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
+import sentencepiece as spm
+
+from meshbayes.data import sentencepiece_vocab, translation
+
+PERCENTILES = (50, 90, 95, 99, 99.5, 99.9, 100)
+
+
+def _size(path: Path) -> int | None:
+  return spm.SentencePieceProcessor(model_file=str(path)).vocab_size() if path.is_file() else None
+
+
+def length_percentiles(task: str, model: Path) -> dict[str, dict[float, int]]:
+  """Token lengths (EOS included) of the task's training sources and targets, by percentile."""
+  processor = spm.SentencePieceProcessor(model_file=str(model))
+  spec = translation.TASKS[task]
+  sides = dict(zip((spec.source_language, spec.target_language),
+                   zip(*translation.source_pairs(task))))
+  percentiles = {}
+  for language, texts in sides.items():
+    lengths = [len(ids) + 1 for ids in processor.encode(list(texts))]
+    percentiles[language] = {q: int(np.percentile(lengths, q, method="higher"))
+                             for q in PERCENTILES}
+  return percentiles
+
+
+def main(argv: Sequence[str] | None = None) -> Path:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--task", required=True, choices=sorted(translation.TASKS))
+  parser.add_argument("--vocab_size", type=int, default=8000)
+  parser.add_argument("--model_type", default="unigram", choices=("unigram", "bpe"))
+  parser.add_argument("--output", type=Path, default=None,
+                      help="default: the task's vocabulary path")
+  parser.add_argument("--max_pairs", type=int, default=None,
+                      help="read at most this many training pairs (for WMT)")
+  parser.add_argument("--lengths", action="store_true",
+                      help="print token-length percentiles of the training pairs")
+  parser.add_argument("--force", action="store_true", help="train even if the model exists")
+  args = parser.parse_args(argv)
+  output = args.output or translation.TASKS[args.task].vocabulary.path
+  try:
+    if not args.force and _size(output) == args.vocab_size:
+      print(f"{output} exists with {args.vocab_size} pieces (--force trains it again)")
+    else:
+      start = time.perf_counter()
+      pairs = translation.source_pairs(args.task, max_pairs=args.max_pairs)
+      sentencepiece_vocab.train((text for pair in pairs for text in pair), output,
+                                vocab_size=args.vocab_size, model_type=args.model_type)
+      print(f"trained {output}: {_size(output)} pieces ({args.model_type}) in "
+            f"{time.perf_counter() - start:.1f} s")
+    if args.lengths:
+      for language, row in length_percentiles(args.task, output).items():
+        print(f"  {language} tokens + EOS: " + ", ".join(f"p{q:g} {n}" for q, n in row.items()))
+  except (OSError, ValueError, RuntimeError) as error:
+    print(f"train_vocab: error: {str(error).strip().splitlines()[0]}", file=sys.stderr)
+    raise SystemExit(1) from None
+  return output
+
+
+if __name__ == "__main__":
+  main()
