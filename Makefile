@@ -29,14 +29,16 @@ data: $(STAMP)
 DEMO_DIR := runs/demo
 DEMO_STEPS ?= 1000
 DEMO_EVAL_BATCHES ?= 8
+DEMO_OOD_EXAMPLES ?= 256
 # `make experiment`: the same comparison at a budget with meaningful numbers.
 EXPERIMENT_DIR := runs/experiment
 EXPERIMENT_STEPS ?= 10000
 EXPERIMENT_EVAL_BATCHES ?= 47
+EXPERIMENT_OOD_EXAMPLES ?= 1000
 MODEL_GIN_deterministic := --gin_file=models/tiny_translation.gin --gin_file=models/deterministic.gin
 MODEL_GIN_bayesian := --gin_file=models/tiny_translation.gin
 
-# $(call compare,DIR,STEPS,EVAL_BATCHES): train, evaluate and tabulate both models.
+# $(call compare,DIR,STEPS,EVAL_BATCHES,OOD_EXAMPLES): train, evaluate and tabulate both models.
 define compare
 	rm -rf $(1)
 	for model in deterministic bayesian; do \
@@ -46,19 +48,21 @@ define compare
 	done
 	$(PY) -m meshbayes.eval $(MODEL_GIN_deterministic) --gin_file=runs/eval.gin \
 	  --gin_file=tasks/tatoeba_enfr.gin --gin.MODEL_DIR="'$(1)/deterministic'" \
-	  --gin.BATCH_SIZE=64 --gin.evaluate.split="'test'" --gin.data.TaskData.max_eval_batches=$(3)
+	  --gin.BATCH_SIZE=64 --gin.evaluate.split="'test'" --gin.data.TaskData.max_eval_batches=$(3) \
+	  --gin.evaluate.max_ood_examples=$(4)
 	$(PY) -m meshbayes.eval $(MODEL_GIN_bayesian) --gin_file=runs/eval.gin \
 	  --gin_file=tasks/tatoeba_enfr.gin --gin.MODEL_DIR="'$(1)/bayesian'" \
-	  --gin.BATCH_SIZE=64 --gin.evaluate.split="'test'" --gin.data.TaskData.max_eval_batches=$(3)
+	  --gin.BATCH_SIZE=64 --gin.evaluate.split="'test'" --gin.data.TaskData.max_eval_batches=$(3) \
+	  --gin.evaluate.max_ood_examples=$(4)
 	$(PY) tools/compare_runs.py --task=tatoeba_enfr $(1)/deterministic $(1)/bayesian \
 	  --names=deterministic,Bayesian --markdown=$(1)/table.md --plot=$(1)/reliability.png
 endef
 
 demo: data
-	$(call compare,$(DEMO_DIR),$(DEMO_STEPS),$(DEMO_EVAL_BATCHES))
+	$(call compare,$(DEMO_DIR),$(DEMO_STEPS),$(DEMO_EVAL_BATCHES),$(DEMO_OOD_EXAMPLES))
 
 experiment: data
-	$(call compare,$(EXPERIMENT_DIR),$(EXPERIMENT_STEPS),$(EXPERIMENT_EVAL_BATCHES))
+	$(call compare,$(EXPERIMENT_DIR),$(EXPERIMENT_STEPS),$(EXPERIMENT_EVAL_BATCHES),$(EXPERIMENT_OOD_EXAMPLES))
 
 # The trainer on the synthetic reverse task (no data needed): about two minutes.
 demo-synthetic: $(STAMP)

@@ -102,7 +102,8 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
       (relative paths are relative to the data directory, ``make data``'s).
     ood_shuffled_words: also use the split's inputs with their words shuffled
       as an out-of-distribution set.
-    max_ood_examples: at most this many inputs per out-of-distribution set.
+    max_ood_examples: at most this many inputs per out-of-distribution set, and
+      in-domain sources to compare them with (each decoded greedily).
     seed: seed of weight samples and sampling.
 
   Returns:
@@ -170,38 +171,38 @@ def _decode_split(result: dict[str, Any], reliability: dict[str, dict[str, Any]]
                              max_length=data.feature_lengths["targets"],
                              eos_id=vocabulary.eos_id, **decode_kwargs)
   result["decoding"] = {}
-  records_by_variant = {}
   # A source with several references is decoded once.
   unique_inputs, first, inverse = np.unique(inputs, axis=0, return_index=True,
                                             return_inverse=True)
   for variant in variants:
     unique_records = decode(in_batches(unique_inputs, data.batch_size), predictive=variant)
     records = [unique_records[i] for i in inverse.ravel()]
-    records_by_variant[variant.name] = records
     predictions = [vocabulary.decode(list(r.output_ids)) for r in records]
     sequence = predictive_eval.sequence_metrics(predictions, references, records, num_bins)
     reliability[variant.name]["sequence"] = sequence.pop("reliability")
     result["decoding"][variant.name] = sequence
-    with open(out_dir / f"predictions_{variant.name}.jsonl", "w") as out:
-      out.writelines(json.dumps({
-            "input": text, "target": reference, "prediction": prediction,
-            "log_prob": record.log_prob, "entropy": record.entropy,
-            "mutual_information": record.mutual_information}) + "\n" for text, reference, prediction, record in zip(input_texts, references, predictions,
-                                                     records))
+    rows = zip(input_texts, references, predictions, records)
+    (out_dir / f"predictions_{variant.name}.jsonl").write_text("".join(
+        json.dumps({"input": text, "target": reference, "prediction": prediction,
+                    "log_prob": r.log_prob, "entropy": r.entropy,
+                    "mutual_information": r.mutual_information}) + "\n"
+        for text, reference, prediction, r in rows))
   headline = result["decoding"][variants[0].name]
   result.update(bleu=headline["bleu"], sequence_accuracy=headline["exact_match"],
                 sequence_calibration_error=headline["sequence_calibration_error"],
                 num_decoded=headline["num_decoded"])
+  # The OOD report compares like with like: greedy outputs of as many in-domain sources
+  # as out-of-distribution inputs, scored by the headline predictive.
+  sources = [input_texts[i] for i in np.sort(first)][:max_ood_examples]
   ood_inputs = {name: read_lines(paths.data_dir() / path, skip_empty=True)[:max_ood_examples]
                 for name, path in ood_files.items()}
   if ood_shuffled_words:
-    sources = [input_texts[i] for i in np.sort(first)]
-    ood_inputs["shuffled_words"] = _shuffled_words(sources[:max_ood_examples], seed=0)
+    ood_inputs["shuffled_words"] = _shuffled_words(sources, seed=0)
   if ood_inputs:
     length = data.feature_lengths["inputs"]
-    ood_records = {
-        name: decode(in_batches(encode_lines(lines, input_vocabulary, length, source=name),
-                                data.batch_size), predictive=variants[0])
-        for name, lines in ood_inputs.items()}
-    in_domain = [records_by_variant[variants[0].name][i] for i in np.sort(first)]
+    greedy = lambda lines, name: decode(
+        in_batches(encode_lines(lines, input_vocabulary, length, source=name), data.batch_size),
+        predictive=variants[0], method="greedy")
+    in_domain = greedy(sources, data.task)
+    ood_records = {name: greedy(lines, name) for name, lines in ood_inputs.items()}
     result["ood"] = predictive_eval.ood_report(in_domain, ood_records)

@@ -125,10 +125,14 @@ def _count(task: str, lengths: tuple[tuple[str, int], ...], unit: str, split: st
   """Counted once per data directory: ``<data dir>/cache/`` keeps it (``make data``
   clears it when it prepares the corpus again; a new vocabulary changes the key)."""
   vocabulary = get_task(task).output_features["targets"].vocabulary
-  key = f"{task}|{dict(lengths)}|{unit}|{split}|{_vocabulary_fingerprint(vocabulary)}"
+  try:
+    fingerprint = _vocabulary_fingerprint(vocabulary)
+  except ValueError:  # no vocabulary yet: counting below says what is missing first
+    fingerprint = None
+  key = f"{task}|{dict(lengths)}|{unit}|{split}|{fingerprint}"
   cache = paths.data_dir() / "cache" / "train_set_size.json"
   known = json.loads(cache.read_text()) if cache.is_file() else {}
-  if key in known:
+  if fingerprint and key in known:
     return int(known[key])
   ds = get_task(task).get_dataset(sequence_length=dict(lengths), split=split, shuffle=False,
                                   use_cached=False)
