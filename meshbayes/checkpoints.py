@@ -104,8 +104,11 @@ def read_meta(step_dir: str | Path) -> dict[str, Any]:
 def read_arrays(step_dir: str | Path) -> dict[str, np.ndarray]:
   """Every array of a checkpoint's state, by path, read to this host (for inspection)."""
   step_dir = Path(step_dir)
-  target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), saved_tree(step_dir),
-                        is_leaf=lambda x: hasattr(x, "shape"))
+  # An explicit sharding: without one orbax reuses the saved sharding, which names the
+  # devices of the processes that wrote the checkpoint (a multi-host one would not load).
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+                        saved_tree(step_dir), is_leaf=lambda x: hasattr(x, "shape"))
   try:
     with contextlib.closing(ocp.StandardCheckpointHandler()) as handler:
       state = handler.restore(step_dir / STATE, args=ocp.args.StandardRestore(target))

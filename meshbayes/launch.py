@@ -7,6 +7,14 @@ after them (later files and bindings override earlier ones). A bad binding,
 an unknown configurable, a missing ``%gin.REQUIRED`` macro or an invalid value
 ends the run before any work with one line naming it (``MESHBAYES_TRACEBACK=1``
 shows the traceback).
+
+Multi-host runs (``meshbayes.distributed``) add, before any device is used:
+``--coordinator_address=HOST:PORT --num_processes=N --process_id=I`` (explicit),
+``--multihost`` (let JAX detect a TPU pod, SLURM, Open MPI or Kubernetes),
+``--num_cpu_devices=N`` (CPU devices per process) and
+``--heartbeat_timeout_seconds=S`` (a process silent this long is declared
+dead); or the same as gin bindings of ``distributed.DistributedOptions``.
+Errors are reported by every process, prefixed with ``process i/n``.
 """
 
 from __future__ import annotations
@@ -22,9 +30,20 @@ from typing import Any
 
 import gin
 
+from meshbayes import distributed
+
 GIN_CONFIGS = Path(__file__).resolve().parents[1] / "gin_configs"
 USAGE = ("usage: python -m {prog} --gin_file=FILE [--gin_file=FILE ...] "
-         "[--gin.NAME=VALUE ...] [--gin_search_paths=DIR,...]")
+         "[--gin.NAME=VALUE ...] [--gin_search_paths=DIR,...] [--coordinator_address=HOST:PORT "
+         "--num_processes=N --process_id=I | --multihost] [--num_cpu_devices=N]")
+# Flag -> (field of DistributedOptions, parser of its value).
+_DISTRIBUTED_FLAGS = {"--coordinator_address": ("coordinator_address", str),
+                      "--num_processes": ("num_processes", int),
+                      "--process_id": ("process_id", int),
+                      "--num_cpu_devices": ("num_cpu_devices", int),
+                      "--heartbeat_timeout_seconds": ("heartbeat_timeout_seconds", int)}
+
+gin.external_configurable(distributed.DistributedOptions, module="distributed")
 
 
 class UsageError(ValueError):
@@ -55,6 +74,31 @@ def parse_flags(argv: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
     raise UsageError("no --gin_file given; e.g. --gin_file=gin_configs/examples/"
                      "tiny_synthetic_bayesian.gin")
   return files, bindings, paths
+
+
+def split_distributed_flags(argv: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
+  """The multi-host flags as ``DistributedOptions`` fields, and the other arguments."""
+  rest, options = [], {}
+  args = list(argv)
+  while args:
+    arg = args.pop(0)
+    name, has_value, value = arg.partition("=")
+    if name == "--multihost" and not has_value:
+      options["auto"] = True
+      continue
+    if name not in _DISTRIBUTED_FLAGS:
+      rest.append(arg)
+      continue
+    if not has_value:
+      if not args:
+        raise UsageError(f"flag {name} needs a value")
+      value = args.pop(0)
+    field, parse = _DISTRIBUTED_FLAGS[name]
+    try:
+      options[field] = parse(value)
+    except ValueError:
+      raise UsageError(f"flag {name}={value!r}: expected {parse.__name__}") from None
+  return rest, options
 
 
 def _safe_existence_checks() -> None:
@@ -116,6 +160,7 @@ def run(prog: str, entry_point: str, argv: Sequence[str] | None = None) -> Any:
     print(__doc__.split("\n\n", 1)[1])
     return None
   try:
+    argv, distributed_flags = split_distributed_flags(argv)
     files, bindings, paths = parse_flags(argv)
     import meshbayes.configurables  # noqa: F401  (registers the configurables)
 
@@ -125,11 +170,21 @@ def run(prog: str, entry_point: str, argv: Sequence[str] | None = None) -> Any:
     _safe_existence_checks()
     with _quiet_search_misses():
       gin.parse_config_files_and_bindings(files, bindings)
+    # Before the entry point: it is the first to use a device.
+    options = gin.get_configurable("distributed.DistributedOptions")(**distributed_flags)
+    distributed.initialize(options)
     return gin.get_configurable(entry_point)()
   except SystemExit:
     raise
   except (OSError, ValueError, TypeError, KeyError, RuntimeError, FileNotFoundError, FloatingPointError) as error:
     if os.environ.get("MESHBAYES_TRACEBACK"):
       raise
-    print(f"{prog}: error: {_message(error)}", file=sys.stderr)
-    raise SystemExit(2 if isinstance(error, UsageError) else 1) from None
+    label = distributed.process_label()
+    print(f"{prog}: error: {label}{_message(error)}", file=sys.stderr, flush=True)
+    status = 2 if isinstance(error, UsageError) else 1
+    if label:
+      # A normal exit waits at jax.distributed's shutdown barrier for peers that may be
+      # blocked in a collective with this process; leaving at once makes them fail fast.
+      sys.stdout.flush()
+      os._exit(status)
+    raise SystemExit(status) from None

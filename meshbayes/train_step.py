@@ -1,5 +1,9 @@
-"""The train state and the pure functions the trainer jits: one training step, one
-evaluation step. ``tools/scaling_study.py`` compiles the same functions.
+"""The train state, the pure functions the trainer jits (one training step, one
+evaluation step) and how the trainer jits the training step.
+
+``tools/scaling_study.py`` and ``tools/bench.py`` compile the same jitted step
+(``jit_train_step``) that ``meshbayes.train`` runs; this module imports no
+data pipeline, so they do not load TensorFlow.
 """
 
 from __future__ import annotations
@@ -13,8 +17,10 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import traverse_util
+from jax.sharding import NamedSharding
 
 from models.base import BaseModel
+from partitioning import Partitioner
 
 Array = jax.Array
 Batch = Mapping[str, Array]
@@ -49,7 +55,8 @@ def posterior_stddev_metrics(params: Any) -> dict[str, Array]:
               and substring in k]
     if scales:
       total = sum(jnp.sum(jax.nn.softplus(s.astype(jnp.float32))) for s in scales)
-      metrics[f"posterior_stddev/{group}"] = total / sum(s.size for s in scales)
+      # A Python float: an int count of a giant model's weights overflows int32 under jit.
+      metrics[f"posterior_stddev/{group}"] = total / float(sum(s.size for s in scales))
   return metrics
 
 
@@ -121,3 +128,20 @@ class StepFunctions:
   def eval_step(self, params: Any, batch: Batch) -> dict[str, Array]:
     """Teacher-forced evaluation metrics of one batch."""
     return self.model.eval_fn(params, batch)[1]
+
+
+def abstract_state(model: BaseModel, steps: StepFunctions, shapes: Mapping[str, tuple[int, ...]]
+                   ) -> TrainState:
+  """The train state's shapes with boxed parameters (their logical axes)."""
+  return jax.eval_shape(lambda k: init_train_state(model, steps.optimizer, shapes, k),
+                        jax.random.key(0))
+
+
+def jit_train_step(steps: StepFunctions, partitioner: Partitioner, state_shardings: Any):
+  """The jitted train step: explicit in/out shardings, the old state's buffers donated.
+
+  Call and lower it inside ``partitioner.activation_rules()``.
+  """
+  batch = NamedSharding(partitioner.mesh, partitioner.batch_spec)
+  return jax.jit(steps.train_step, in_shardings=(state_shardings, batch),
+                 out_shardings=(state_shardings, None), donate_argnums=(0,))

@@ -14,7 +14,6 @@ import logging
 import math
 import signal
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +26,17 @@ from jax.sharding import NamedSharding
 from meshbayes import checkpoints as checkpoints_lib
 from meshbayes.data.pipeline import TaskData
 from meshbayes.evaluation import host_layout, teacher_forced_metrics
+from meshbayes.host_input import HostInput
 from meshbayes.layers import moped_params
 from meshbayes.metrics_writer import MetricsWriter, ProgressBar
 from meshbayes.optimizers import KLWeight, Optimizer
-from meshbayes.train_step import StepFunctions, TrainState, init_train_state
+from meshbayes.train_step import (
+  StepFunctions,
+  TrainState,
+  abstract_state,
+  init_train_state,
+  jit_train_step,
+)
 from models.base import BaseModel
 from partitioning import Partitioner, logical_specs
 from partitioning.specs import path_names
@@ -40,23 +46,6 @@ PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM
 
 class Preempted(SystemExit):
   """SIGTERM arrived; the last completed step was saved."""
-
-
-def abstract_state(model: BaseModel, steps: StepFunctions, shapes: Mapping[str, tuple[int, ...]]
-                   ) -> TrainState:
-  """The train state's shapes with boxed parameters (their logical axes)."""
-  return jax.eval_shape(lambda k: init_train_state(model, steps.optimizer, shapes, k),
-                        jax.random.key(0))
-
-
-def jit_train_step(steps: StepFunctions, partitioner: Partitioner, state_shardings: Any):
-  """The jitted train step: explicit in/out shardings, the old state's buffers donated.
-
-  Call and lower it inside ``partitioner.activation_rules()``.
-  """
-  batch = NamedSharding(partitioner.mesh, partitioner.batch_spec)
-  return jax.jit(steps.train_step, in_shardings=(state_shardings, batch),
-                 out_shardings=(state_shardings, None), donate_argnums=(0,))
 
 
 def _param_axes(abstract: TrainState) -> dict[str, list[str | None]]:
@@ -75,6 +64,12 @@ def _deterministic_twin(abstract_params: Any) -> Any:
       for k, v in flat.items()})
 
 
+def _say(message: str) -> None:
+  """A console line, from process 0 only (every process runs the same loop)."""
+  if jax.process_index() == 0:
+    print(message, flush=True)
+
+
 def _check_positive_int(name: str, value: Any, allow_zero: bool = False) -> None:
   if not isinstance(value, int) or isinstance(value, bool) or value < (0 if allow_zero else 1):
     kind = "non-negative" if allow_zero else "positive"
@@ -87,7 +82,7 @@ def train(*, model_dir: str, model: BaseModel, data: TaskData, train_steps: int,
           log_period: int = 10, eval_period: int = 0, checkpoint_period: int = 100,
           keep_checkpoints: int | None = 3, async_checkpointing: bool = True,
           initial_checkpoint: str | None = None, initial_from_deterministic: bool = False,
-          moped_delta: float = 0.1) -> TrainState:
+          moped_delta: float = 0.1, input_shards: int | None = None) -> TrainState:
   """Trains ``model`` on ``data`` for ``train_steps`` steps, resuming from ``model_dir``.
 
   Args:
@@ -112,6 +107,10 @@ def train(*, model_dir: str, model: BaseModel, data: TaskData, train_steps: int,
       twin: set posterior means to its weights and stddevs to
       ``moped_delta * |w|`` (MOPED).
     moped_delta: see ``initial_from_deterministic``.
+    input_shards: shards the training split is read as (``HostInput``); the
+      batches depend on it, not on the number of processes. None: the
+      resumed checkpoint's, else one per group of hosts feeding distinct
+      examples (1 on a single host).
 
   Returns:
     The final train state.
@@ -138,23 +137,26 @@ def train(*, model_dir: str, model: BaseModel, data: TaskData, train_steps: int,
     cleanup.callback(ckpts.wait)  # runs first: every started save lands, even on errors
     return _run(model_dir, model, data, train_steps, partitioner, steps, abstract, shardings,
                 ckpts, cleanup, log_period, eval_period, checkpoint_period, seed,
-                initial_checkpoint, initial_from_deterministic, moped_delta)
+                initial_checkpoint, initial_from_deterministic, moped_delta, input_shards)
 
 
 def _run(model_dir: Path, model: BaseModel, data: TaskData, train_steps: int,
          partitioner: Partitioner, steps: StepFunctions, abstract: TrainState, shardings: Any,
          ckpts: checkpoints_lib.Checkpoints, cleanup: contextlib.ExitStack, log_period: int,
          eval_period: int, checkpoint_period: int, seed: int, initial_checkpoint: str | None,
-         initial_from_deterministic: bool, moped_delta: float) -> TrainState:
+         initial_from_deterministic: bool, moped_delta: float, input_shards: int | None
+         ) -> TrainState:
   """Restores or initializes the state, then trains to ``train_steps``."""
   layout = host_layout(partitioner, data.batch_size)
-  meta = {"param_logical_axes": _param_axes(abstract)}
+  host_data_layout = partitioner.data_layout(data.batch_size)
   latest = ckpts.latest_step()
   if latest is not None:
     state, saved_meta = ckpts.restore(latest, partitioner.placed(abstract))
     data_position = int(saved_meta["data_position"])
+    if input_shards is None:  # keep the resumed run's input order, whatever the hosts
+      input_shards = int(saved_meta.get("input_shards", 1))
     logging.info("resuming from step %d of %s", latest, ckpts.directory)
-    print(f"resuming from the checkpoint of step {latest} in {ckpts.directory}")
+    _say(f"resuming from the checkpoint of step {latest} in {ckpts.directory}")
   else:
     state, _ = partitioner.init(
         lambda k: init_train_state(model, steps.optimizer, data.input_shapes(), k),
@@ -163,9 +165,13 @@ def _run(model_dir: Path, model: BaseModel, data: TaskData, train_steps: int,
     if initial_checkpoint:
       state = _initial_parameters(state, abstract, initial_checkpoint,
                                   initial_from_deterministic, moped_delta, partitioner)
+  if input_shards is None:
+    input_shards = host_data_layout.num_shards
+  host_input = HostInput(data, host_data_layout, input_shards)
+  meta = {"param_logical_axes": _param_axes(abstract), "input_shards": host_input.input_shards}
   start = int(state.step)
   if start >= train_steps:
-    print(f"{model_dir} already holds step {start} >= train_steps={train_steps}; nothing to do")
+    _say(f"{model_dir} already holds step {start} >= train_steps={train_steps}; nothing to do")
     return state
 
   writer = MetricsWriter(model_dir / "train", model_dir / "metrics.jsonl")
@@ -179,7 +185,7 @@ def _run(model_dir: Path, model: BaseModel, data: TaskData, train_steps: int,
       shardings.params, NamedSharding(partitioner.mesh, partitioner.batch_spec)))
   evaluate = lambda params: teacher_forced_metrics(eval_fn, params, data.eval_batches(layout),
                                                    partitioner)
-  batches = data.train_batches(layout, start_batch=data_position)
+  batches = host_input.train_batches(start_batch=data_position)
 
   preempted = []
   previous_handler = signal.signal(signal.SIGTERM, lambda *_: preempted.append(True))
@@ -220,7 +226,7 @@ def _run(model_dir: Path, model: BaseModel, data: TaskData, train_steps: int,
     window_start += time.perf_counter() - paused
     if preempted:
       ckpts.wait()
-      print(f"SIGTERM: saved the checkpoint of step {step}; run again to resume")
+      _say(f"SIGTERM: saved the checkpoint of step {step}; run again to resume")
       raise Preempted(PREEMPTED_EXIT_CODE)
   return state
 
@@ -233,7 +239,7 @@ def _initial_parameters(state: TrainState, abstract: TrainState, path: str,
   target = partitioner.placed({"params": abstract.params})
   if not from_deterministic:
     params = checkpoints_lib.restore_subtree(step_dir, target)["params"]
-    print(f"initial parameters from {step_dir}")
+    _say(f"initial parameters from {step_dir}")
     return state.replace(params=params)
   twin = checkpoints_lib.restore_subtree(step_dir,
                                          {"params": _deterministic_twin(target["params"])})
@@ -241,6 +247,6 @@ def _initial_parameters(state: TrainState, abstract: TrainState, path: str,
   with partitioner.activation_rules():
     params = jax.jit(lambda p, d: moped_params(p, d, delta), out_shardings=param_shardings)(
         state.params, twin["params"])
-  print(f"initial posterior from the deterministic checkpoint {step_dir} "
+  _say(f"initial posterior from the deterministic checkpoint {step_dir} "
         f"(MOPED, delta={delta})")
   return state.replace(params=params)
