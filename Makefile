@@ -27,9 +27,9 @@ data: $(STAMP)
 # Transformer trained on tatoeba_enfr with the same budget, both evaluated on test
 # pairs (BLEU, calibration, OOD), and the table side by side (a clean run each time).
 DEMO_DIR := runs/demo
-DEMO_STEPS ?= 1000
-DEMO_EVAL_BATCHES ?= 8
-DEMO_OOD_EXAMPLES ?= 256
+DEMO_STEPS ?= 600
+DEMO_EVAL_BATCHES ?= 4
+DEMO_OOD_EXAMPLES ?= 128
 # `make experiment`: the same comparison at a budget with meaningful numbers.
 EXPERIMENT_DIR := runs/experiment
 EXPERIMENT_STEPS ?= 10000
