@@ -204,7 +204,10 @@ def test_a_killed_process_stops_its_peer_within_the_heartbeat_timeout(tmp_path):
   print(f"process 0 stopped {waited:.1f} s after process 1 was killed")
   output = "".join(outputs[0])
   assert status != 0
-  assert "another task died" in output or "unhealthy" in output, output[-3000:]
+  # Either the coordination service notices (heartbeat), or a collective in flight fails
+  # first and the trainer prints its one-line error.
+  assert ("another task died" in output or "unhealthy" in output
+          or "meshbayes.train: error: process 0/2: " in output), output[-3000:]
   # The last completed checkpoint is intact and readable.
   latest = checkpoints.find_step_dir(model_dir)
   assert int(latest.name) >= 2
