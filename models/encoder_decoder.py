@@ -7,9 +7,9 @@ targets shifted right, starting with 0), ``decoder_target_tokens`` and
 
 Bayesian predictions come in two modes. The posterior mean runs each weight
 at its mean (one pass). Bayesian model averaging draws ``S`` weight samples,
-holds each fixed over a whole sequence (every Bayesian layer switches to
-reparameterization, which samples whole weights from the ``'sample'`` key),
-and averages the ``S`` next-token distributions, so beam search and sampling
+holds each fixed over a whole sequence (``layers.sample_weights``: the network
+then runs at its "posterior mean" with the sampled weights; decoding draws
+them once, before the first step), and averages the ``S`` next-token distributions, so beam search and sampling
 run over the predictive distribution. Each step also reports the mutual
 information between the next token and the weights (epistemic uncertainty).
 """
@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from meshbayes import predictive
-from meshbayes.layers import KL_COLLECTION, kl_penalty, total_kl
+from meshbayes.layers import KL_COLLECTION, kl_penalty, sample_weights, total_kl
 from models import decoding
 from models.base import BaseModel, Batch, Metrics
 from models.transformer import Transformer, TransformerConfig
@@ -98,12 +98,6 @@ class EncoderDecoderModel(BaseModel):
     """The network with its training estimators."""
     return Transformer(self.config)
 
-  @property
-  def sampling_module(self) -> Transformer:
-    """The same parameters with every Bayesian layer drawing whole weight samples."""
-    return Transformer(self.config.replace(
-        estimators=self.config.estimators.for_weight_samples()))
-
   def get_initial_variables(self, rng, input_shapes):
     tokens = lambda name: jnp.ones(input_shapes[name], jnp.int32)
     return self.module.init(rng, tokens("encoder_input_tokens"),
@@ -173,12 +167,12 @@ class EncoderDecoderModel(BaseModel):
       ``(batch, length, vocab)``, the whole predictive distribution.
     """
     keys, mean = self._sample_keys(rng, num_samples)
-    module = self.sampling_module
 
     def log_probs(key):
-      logits = module.apply({"params": params}, batch["encoder_input_tokens"],
-                            batch["decoder_input_tokens"], batch["decoder_target_tokens"],
-                            deterministic=mean, rngs={"sample": key})
+      weights = params if mean else sample_weights(params, key)
+      logits = self.module.apply({"params": weights}, batch["encoder_input_tokens"],
+                                 batch["decoder_input_tokens"], batch["decoder_target_tokens"],
+                                 deterministic=True)
       return jax.nn.log_softmax(logits.astype(jnp.float32))
 
     average, mutual_information = predictive.streaming_model_average(log_probs, keys)
@@ -263,34 +257,39 @@ class EncoderDecoderModel(BaseModel):
       (a leading axis), the encoder outputs and the decoder's key/value cache.
     """
     keys, mean = self._sample_keys(rng, num_samples)
-    module = self.sampling_module
-    variables = {"params": params}
+    num_samples = keys.shape[0]
+    # Each sample's weights are drawn once, here, and decoded at their "posterior mean":
+    # drawing them at every step would cost a weight-sized normal per layer per token.
+    weights, axis = ((params, None) if mean else
+                     (jax.vmap(lambda key: sample_weights(params, key))(keys), 0))
+    module = self.module
+    per_sample = lambda fn, *axes: jax.vmap(fn, in_axes=(axis, *axes), axis_size=num_samples)
 
-    def encode(key):
-      return module.apply(variables, inputs, deterministic=mean, rngs={"sample": key},
+    def encode(weights):
+      return module.apply({"params": weights}, inputs, deterministic=True,
                           method=Transformer.encode)
 
-    encoded = jax.vmap(encode)(keys)
+    encoded = per_sample(encode)(weights)
     dummy = jnp.zeros((inputs.shape[0], max_length), jnp.int32)
     cache_shapes = jax.eval_shape(
-        lambda: module.apply(variables, encoded[0], inputs, dummy, deterministic=mean,
+        lambda: module.apply({"params": params}, encoded[0], inputs, dummy, deterministic=True,
                              decode=True, max_decode_length=max_length, mutable=["cache"],
-                             rngs={"sample": keys[0]}, method=Transformer.decode)[1]["cache"])
-    num_samples = keys.shape[0]
+                             method=Transformer.decode)[1]["cache"])
     decoder_cache = jax.tree.map(lambda s: jnp.zeros((num_samples,) + s.shape, s.dtype),
                                  cache_shapes)
     cache = {"decoder": decoder_cache, "encoded": encoded, "inputs": inputs}
     decoder_batch_axis = 2 if self.config.scan_layers else 1  # after (samples[, layers])
 
     def step_fn(tokens, cache):
-      def one_sample(key, decoder_cache, encoded):
+      def one_sample(weights, decoder_cache, encoded):
         logits, state = module.apply(
-            {"params": params, "cache": decoder_cache}, encoded, cache["inputs"],
-            tokens[:, None], deterministic=mean, decode=True, max_decode_length=max_length,
-            mutable=["cache"], rngs={"sample": key}, method=Transformer.decode)
+            {"params": weights, "cache": decoder_cache}, encoded, cache["inputs"],
+            tokens[:, None], deterministic=True, decode=True, max_decode_length=max_length,
+            mutable=["cache"], method=Transformer.decode)
         return jax.nn.log_softmax(logits[:, 0]), state["cache"]
 
-      samples, decoder_cache = jax.vmap(one_sample)(keys, cache["decoder"], cache["encoded"])
+      samples, decoder_cache = per_sample(one_sample, 0, 0)(weights, cache["decoder"],
+                                                             cache["encoded"])
       aux = {} if mean else {"mutual_information": predictive.mutual_information(samples)}
       return predictive.model_average(samples), aux, dict(cache, decoder=decoder_cache)
 

@@ -42,7 +42,7 @@ from meshbayes.layers.priors import (
                                     TrainableNormalPrior,
                                     normal_kl,
 )
-from meshbayes.layers.variational import SAMPLE_RNG
+from meshbayes.layers.variational import SAMPLE_RNG, sample_weights
 
 __all__ = [
                                     "ESTIMATORS",
@@ -76,6 +76,7 @@ __all__ = [
                                     "fan_in_stddev",
                                     "kl_penalty",
                                     "moped_params",
+                                    "sample_weights",
                                     "normal_kl",
                                     "softplus_inverse",
                                     "total_kl",

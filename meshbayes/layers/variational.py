@@ -18,6 +18,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from flax import traverse_util
 from flax.core import meta
 
 from meshbayes.layers.estimators import Normal
@@ -128,6 +129,38 @@ def variational_param(module: nn.Module, name: str, shape: tuple[int, ...], loc_
   scale_init = lambda *args: softplus_inverse(_unbox(stddev_init(*args)))
   scale = module.param(f"{name}_scale", boxed_init(box, scale_init), shape, dtype)
   return Normal(loc, jax.nn.softplus(scale))
+
+
+def sample_weights(params: Any, key: Array) -> dict[str, Any]:
+  """One posterior sample of every weight: each ``w_loc`` becomes ``w_loc + softplus(w_scale) * eps``.
+
+  A model applied to the result at its posterior mean (``deterministic=True``)
+  runs with the sampled weights, so one sample can serve many calls (the
+  steps of a decode) while its noise is drawn once. Other parameters, and
+  boxes, are kept.
+
+  Args:
+    params: a ``params`` collection of Bayesian layers.
+    key: PRNG key of the sample.
+
+  Returns:
+    A new nested dict; the ``*_scale`` parameters are unchanged.
+
+  >>> params = {'dense': {'kernel_loc': jnp.zeros(3), 'kernel_scale': jnp.full(3, -30.0)}}
+  >>> sample = sample_weights(params, jax.random.key(0))
+  >>> bool(jnp.allclose(sample['dense']['kernel_loc'], 0.0, atol=1e-9))
+  True
+  """
+  flat = traverse_util.flatten_dict(dict(params))
+  out = {}
+  for index, (path, value) in enumerate(sorted(flat.items())):
+    scale = path[:-1] + (path[-1].removesuffix("_loc") + "_scale",)
+    if path[-1].endswith("_loc") and scale in flat:
+      posterior = Normal(_unbox(value), jax.nn.softplus(_unbox(flat[scale])))
+      sample = posterior.sample(jax.random.fold_in(key, index))
+      value = value.replace_boxed(sample) if isinstance(value, meta.AxisMetadata) else sample
+    out[path] = value
+  return traverse_util.unflatten_dict(out)
 
 
 def use_posterior_mean(module: nn.Module, deterministic: bool | None) -> bool:

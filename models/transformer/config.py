@@ -52,18 +52,6 @@ class Estimators:
   def is_bayesian(self) -> bool:
     return any(getattr(self, f.name) != "deterministic" for f in dataclasses.fields(self))
 
-  def for_weight_samples(self) -> Estimators:
-    """Every Bayesian component as ``reparameterization``.
-
-    Flipout and local reparameterization are training estimators: they draw
-    fresh noise for every token. Predictive sampling needs whole weight
-    samples held fixed over a sequence; with the same parameters,
-    reparameterization layers draw exactly that from the ``'sample'`` key.
-    """
-    return dataclasses.replace(self, **{
-        f.name: "reparameterization" for f in dataclasses.fields(self)
-        if getattr(self, f.name) != "deterministic"})
-
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:

@@ -155,3 +155,20 @@ def test_flipout_signs_are_plus_minus_one():
   np.testing.assert_allclose(jnp.abs(out), jnp.broadcast_to(jnp.abs(out[0, 0]), out.shape),
                              rtol=1e-6)
   assert bool(jnp.any(out > 0)) and bool(jnp.any(out < 0))
+
+
+def test_sampled_weights_have_the_posterior_moments_and_keep_other_parameters():
+  """``layers.sample_weights``: each ``w_loc`` drawn from N(loc, softplus(scale)^2)."""
+  layer = layers.DenseFlipout(features=4, bayesian_bias=True)
+  x = jnp.ones((1, 6))
+  params = randomize_posterior(layer.init(jax.random.key(0), x)["params"], jax.random.key(2))
+  draws = jax.vmap(lambda k: layers.sample_weights(params, k))(
+      jax.random.split(jax.random.key(3), NUM_SAMPLES))
+  for name in ("kernel", "bias"):
+    assert_moments(f64(draws[f"{name}_loc"]), f64(params[f"{name}_loc"]),
+                   f64(stddev(params[f"{name}_scale"])) ** 2)
+    np.testing.assert_array_equal(draws[f"{name}_scale"][0], params[f"{name}_scale"])
+  # Weights are independent of each other: kernel entries uncorrelated.
+  kernel = f64(draws["kernel_loc"]).reshape(NUM_SAMPLES, -1)
+  correlation = np.corrcoef(kernel, rowvar=False)[np.triu_indices(kernel.shape[1], 1)]
+  assert np.abs(correlation).max() < Z / math.sqrt(NUM_SAMPLES)

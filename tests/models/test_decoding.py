@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from meshbayes import layers
 from models import decoding
 from models.encoder_decoder import EncoderDecoderModel
 from models.transformer import TransformerConfig
@@ -149,10 +150,10 @@ def test_incremental_logits_equal_teacher_forced_logits(scan_layers, num_samples
   cache = jax.jit(lambda: decoder()[2])()
   step_fn = jax.jit(lambda tokens, cache: decoder()[0](tokens, cache))
   key = jax.random.split(rng, 1)[0]  # the weight sample's key, as incremental_decoder draws it
-  teacher_forced = jax.jit(lambda p, b: jax.nn.log_softmax(model.sampling_module.apply(
-      {"params": p}, b["encoder_input_tokens"], b["decoder_input_tokens"],
-      b["decoder_target_tokens"], deterministic=num_samples == 0, rngs={"sample": key})))(
-          params, batch)
+  weights = lambda p: p if num_samples == 0 else layers.sample_weights(p, key)
+  teacher_forced = jax.jit(lambda p, b: jax.nn.log_softmax(model.module.apply(
+      {"params": weights(p)}, b["encoder_input_tokens"], b["decoder_input_tokens"],
+      b["decoder_target_tokens"], deterministic=True)))(params, batch)
   valid = np.asarray(batch["decoder_loss_weights"]) > 0
   for i in range(6):
     log_probs, _, cache = step_fn(batch["decoder_input_tokens"][:, i], cache)

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from meshbayes import layers
 from meshbayes.layers import KL_COLLECTION, total_kl
 from models.encoder_decoder import EncoderDecoderModel, cross_entropy
 from models.transformer import TransformerConfig
@@ -84,9 +85,9 @@ def test_bayesian_model_average_scores_against_brute_force():
   rng, num_samples = jax.random.key(9), 4
   sequence, aux = jax.jit(functools.partial(model.score_batch, num_samples=num_samples))(
       params, batch, rng)
-  probs = jax.jit(lambda p, b, key: jax.nn.softmax(model.sampling_module.apply(
-      {"params": p}, b["encoder_input_tokens"], b["decoder_input_tokens"],
-      b["decoder_target_tokens"], rngs={"sample": key})))
+  probs = jax.jit(lambda p, b, key: jax.nn.softmax(model.module.apply(
+      {"params": layers.sample_weights(p, key)}, b["encoder_input_tokens"],
+      b["decoder_input_tokens"], b["decoder_target_tokens"], deterministic=True)))
   per_sample = np.stack([np.asarray(probs(params, batch, key), np.float64)
                          for key in jax.random.split(rng, num_samples)])  # (S, batch, len, V)
   average = per_sample.mean(0)

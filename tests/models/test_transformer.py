@@ -116,14 +116,6 @@ def test_config_and_estimator_errors():
     TransformerConfig(remat_policy="some")
 
 
-def test_weight_sampling_estimators_keep_deterministic_components():
-  sampling = Estimators().for_weight_samples()
-  assert sampling == Estimators(attention="reparameterization",
-                                cross_attention="reparameterization",
-                                mlp="reparameterization")
-  assert Estimators.deterministic().for_weight_samples() == Estimators.deterministic()
-
-
 def test_remat_and_bfloat16_run():
   config = TINY.replace(remat_policy="minimal", dtype="bfloat16")
   model = Transformer(config)
