@@ -76,8 +76,8 @@ __all__ = [
                                     "fan_in_stddev",
                                     "kl_penalty",
                                     "moped_params",
-                                    "sample_weights",
                                     "normal_kl",
+                                    "sample_weights",
                                     "softplus_inverse",
                                     "total_kl",
 ]

@@ -20,15 +20,27 @@ Compute happens in ``inputs.dtype`` (bf16 allowed). ``loc`` and ``stddev``
 stay in their (float32) dtype until a kernel is formed, so small perturbations
 are not rounded away, and the local reparameterization variance is
 accumulated and square-rooted in float32.
+
+Noise is the estimators' main cost beyond their matmuls where random bits are
+expensive: on CPUs jax lowers its threefry hash as a loop over the whole
+array, five passes through memory, and drawing a normal cost about as much as
+a 1024-long dot product. ``random_words`` computes the same Threefry-2x32 hash
+as one fusible expression and uses both of its outputs (jax's partitionable
+sampler keeps one), ``standard_normal`` builds on it, and ``rademacher``
+unpacks 32 signs from each random word; all three draw each shard of a
+sharded array locally, as jax's samplers do.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax import lax
 
 Array = jax.Array
 Contract = Callable[..., Array]
@@ -39,6 +51,85 @@ Estimator = Callable[..., Array]
 
 def _identity(x: Array) -> Array:
   return x
+
+
+def _threefry(key: Array) -> bool:
+  """Whether ``key`` is a typed threefry key sampled in jax's partitionable mode."""
+  return (jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+          and str(jax.random.key_impl(key)) == "threefry2x32"
+          and bool(jax.config.jax_threefry_partitionable))
+
+
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))  # Threefry-2x32's (Salmon et al., 2011)
+
+
+def threefry2x32(key1: Array, key2: Array, count1: Array, count2: Array) -> tuple[Array, Array]:
+  """The Threefry-2x32 hash (20 rounds) of the counter pairs under a key, elementwise.
+
+  Bit for bit jax's ``threefry2x32`` primitive, written out so that XLA fuses
+  the rounds into one pass (jax's CPU lowering loops over the array).
+  """
+  keys = (key1, key2, key1 ^ key2 ^ np.uint32(0x1BD11BDA))
+  x0, x1 = count1 + keys[0], count2 + keys[1]
+  for group in range(5):
+    for rotation in _ROTATIONS[group % 2]:
+      x0 = x0 + x1
+      x1 = (x1 << np.uint32(rotation)) | (x1 >> np.uint32(32 - rotation))
+      x1 = x1 ^ x0
+    x0 = x0 + keys[(group + 1) % 3]
+    x1 = x1 + keys[(group + 2) % 3] + np.uint32(group + 1)
+  return x0, x1
+
+
+def random_words(key: Array, shape: Sequence[int]) -> Array:
+  """Uniform random ``uint32`` words, two from each threefry block.
+
+  Block ``i`` (counted over ``shape`` with its last axis halved) fills
+  positions ``2i`` and ``2i + 1`` of the last axis, so the words of a shard
+  depend only on the shard's own positions. Other key implementations, an odd
+  last axis and arrays of ``2**33`` words or more go to ``jax.random.bits``.
+  """
+  shape = tuple(shape)
+  if not shape or shape[-1] % 2 or math.prod(shape) >= 2 ** 33 or not _threefry(key):
+    return jax.random.bits(key, shape, jnp.uint32)
+  half = shape[:-1] + (shape[-1] // 2,)
+  counter, stride = jnp.zeros(half, jnp.uint32), 1
+  for axis in reversed(range(len(half))):
+    counter = counter + lax.broadcasted_iota(jnp.uint32, half, axis) * np.uint32(stride)
+    stride *= half[axis]
+  data = jax.random.key_data(key)
+  first, second = threefry2x32(data[..., 0], data[..., 1], jnp.zeros_like(counter), counter)
+  return jnp.stack([first, second], axis=-1).reshape(shape)
+
+
+def standard_normal(key: Array, shape: Sequence[int], dtype=jnp.float32) -> Array:
+  """Standard normal samples: the inverse CDF of a uniform with 23 random bits.
+
+  The construction of ``jax.random.normal`` on ``random_words``; dtypes
+  other than float32 use ``jax.random.normal``.
+  """
+  if jnp.dtype(dtype) != jnp.float32:
+    return jax.random.normal(key, tuple(shape), dtype)
+  mantissa = (random_words(key, shape) >> np.uint32(9)) | np.uint32(0x3F800000)
+  unit = lax.bitcast_convert_type(mantissa, jnp.float32) - 1.0  # [0, 1)
+  low = np.nextafter(np.float32(-1.0), np.float32(0.0))  # keep erf_inv finite
+  uniform = jnp.maximum(low, unit * (1.0 - low) + low)  # (-1, 1)
+  return np.float32(math.sqrt(2.0)) * lax.erf_inv(uniform)
+
+
+def rademacher(key: Array, shape: Sequence[int], dtype) -> Array:
+  """Signs -1 and +1 with probability 1/2 each, exactly representable in ``dtype``.
+
+  Each random word gives the signs of 32 neighbouring positions of the last
+  axis (``jax.random.rademacher`` spends a word on each); a last axis that 32
+  does not divide goes to ``jax.random.rademacher``.
+  """
+  shape = tuple(shape)
+  if not shape or shape[-1] % 32:
+    return jax.random.rademacher(key, shape, dtype)
+  words = random_words(key, shape[:-1] + (shape[-1] // 32,))
+  bits = (words[..., None] >> jnp.arange(32, dtype=jnp.uint32)) & np.uint32(1)
+  return (1 - 2 * bits.astype(jnp.int32)).reshape(shape).astype(dtype)
 
 
 class Normal(NamedTuple):
@@ -55,7 +146,7 @@ class Normal(NamedTuple):
       constrain: a sharding constraint for ``eps`` (place it like the weight,
         so each device draws only its shard).
     """
-    eps = constrain(jax.random.normal(key, self.loc.shape, self.loc.dtype))
+    eps = constrain(standard_normal(key, self.loc.shape, self.loc.dtype))
     return self.loc + self.stddev * eps
 
 
@@ -115,12 +206,12 @@ def flipout(key: Array, contract: Contract, inputs: Array, kernel: Normal,
   """
   key_eps, key_in, key_out, key_bias = jax.random.split(key, 4)
   dtype = inputs.dtype
-  eps = constrain_kernel(jax.random.normal(key_eps, kernel.loc.shape, kernel.loc.dtype))
-  sign_in = jax.random.rademacher(key_in, inputs.shape, dtype)
+  eps = constrain_kernel(standard_normal(key_eps, kernel.loc.shape, kernel.loc.dtype))
+  sign_in = rademacher(key_in, inputs.shape, dtype)
   perturbation = contract(inputs * sign_in, (kernel.stddev * eps).astype(dtype))
   if bias is not None:
     perturbation = perturbation + (bias.sample(key_bias) - bias.loc).astype(dtype)
-  sign_out = jax.random.rademacher(key_out, perturbation.shape, dtype)
+  sign_out = rademacher(key_out, perturbation.shape, dtype)
   return posterior_mean(contract, inputs, kernel, bias) + perturbation * sign_out
 
 
@@ -159,7 +250,7 @@ def local_reparameterization(key: Array, contract: Contract, inputs: Array, kern
                       preferred_element_type=jnp.float32)
   if bias is not None:
     variance = variance + jnp.square(bias.stddev).astype(jnp.float32)
-  noise = _safe_sqrt(variance) * jax.random.normal(key, variance.shape, jnp.float32)
+  noise = _safe_sqrt(variance) * standard_normal(key, variance.shape, jnp.float32)
   return (mean.astype(jnp.float32) + noise).astype(dtype)
 
 
@@ -183,9 +274,9 @@ def lookup_flipout(key: Array, ids: Array, table: Normal,
   two signs of Flipout combine into one output sign ``r`` per token and feature.
   """
   key_eps, key_sign = jax.random.split(key)
-  eps = constrain_table(jax.random.normal(key_eps, table.loc.shape, table.loc.dtype))
+  eps = constrain_table(standard_normal(key_eps, table.loc.shape, table.loc.dtype))
   perturbation = jnp.take(table.stddev * eps, ids, axis=0)
-  sign = jax.random.rademacher(key_sign, perturbation.shape, perturbation.dtype)
+  sign = rademacher(key_sign, perturbation.shape, perturbation.dtype)
   return lookup_posterior_mean(ids, table) + perturbation * sign
 
 
@@ -195,7 +286,7 @@ def lookup_local_reparameterization(key: Array, ids: Array, table: Normal,
   del constrain_table
   mean = lookup_posterior_mean(ids, table)
   stddev = jnp.take(table.stddev, ids, axis=0)
-  return mean + stddev * jax.random.normal(key, mean.shape, mean.dtype)
+  return mean + stddev * standard_normal(key, mean.shape, mean.dtype)
 
 
 # Estimators by name: for linear maps, and for embedding lookups.
