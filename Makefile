@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install data demo experiment demo-synthetic demo-layers test test-slow test-tpu clean
+.PHONY: install data demo experiment demo-synthetic demo-layers test test-slow test-tpu clean scaling scaling-full bench
 
 install: $(STAMP)
 
@@ -30,11 +30,12 @@ DEMO_DIR := runs/demo
 DEMO_STEPS ?= 600
 DEMO_EVAL_BATCHES ?= 4
 DEMO_OOD_EXAMPLES ?= 128
-# `make experiment`: the same comparison at a budget with meaningful numbers.
+# `make experiment`: the same comparison at a budget with more meaningful numbers (about
+# an hour on 2 cores): 4000 steps each, 1,024 test pairs, 512 inputs per OOD set.
 EXPERIMENT_DIR := runs/experiment
-EXPERIMENT_STEPS ?= 10000
-EXPERIMENT_EVAL_BATCHES ?= 47
-EXPERIMENT_OOD_EXAMPLES ?= 1000
+EXPERIMENT_STEPS ?= 4000
+EXPERIMENT_EVAL_BATCHES ?= 16
+EXPERIMENT_OOD_EXAMPLES ?= 512
 MODEL_GIN_deterministic := --gin_file=models/tiny_translation.gin --gin_file=models/deterministic.gin
 MODEL_GIN_bayesian := --gin_file=models/tiny_translation.gin
 
@@ -89,6 +90,53 @@ test-slow: $(STAMP)
 test-tpu: $(STAMP)
 	$(PY) -m pip install --quiet -c requirements.lock -e '.[dev,tpu]'
 	$(PY) -m pytest -m tpu $(PYTEST_ARGS)
+
+# Scaling studies (docs/scaling.md): the trainer's step compiled ahead of time for TPU
+# topologies; installs the `tpu` extra (libtpu), no TPU needed. `make scaling` runs the
+# quick subset, study 1 (the paper preset, Bayesian and deterministic, on 8 to 512 TPUv2
+# cores: about 10 minutes on 2 cores) into runs/scaling/; `make scaling-full` reruns
+# every study of docs/scaling.md into docs/scaling/ (about 1.5 hours: a 512-core compile
+# takes minutes, and each search compiles 8 to 10 models).
+SCALING_DIR ?= runs/scaling
+SCALING := $(PY) tools/scaling_study.py
+scaling: $(STAMP)
+	$(PY) -m pip install --quiet -c requirements.lock -e '.[dev,tpu]'
+	$(SCALING) --model=paper --topologies=v2:2x2,v2:4x4,v2:8x8,v2:16x16 --compare_deterministic \
+	  --json=$(SCALING_DIR)/paper_v2.json
+
+scaling-full: $(STAMP)
+	$(PY) -m pip install --quiet -c requirements.lock -e '.[dev,tpu]'
+	$(SCALING) --model=paper --topologies=v2:2x2,v2:4x4,v2:8x8,v2:16x16 --compare_deterministic \
+	  --title="paper preset on TPUv2: Bayesian and deterministic" --json=docs/scaling/paper_v2.json
+	$(SCALING) --model=10b --topologies=v2:16x16 --title="10b preset on v2-512" \
+	  --json=docs/scaling/10b_v2.json
+	$(SCALING) --model=10b --topologies=v2:16x16 --remat=full \
+	  --title="10b preset on v2-512, rematerialized" --json=docs/scaling/10b_v2_remat.json
+	$(SCALING) --model=paper --topologies=v2:16x16 --compare_deterministic --remat=full \
+	  --title="paper preset on v2-512, rematerialized: Bayesian and deterministic" \
+	  --json=docs/scaling/paper_v2_remat.json
+	$(SCALING) --model=paper --topologies=v2:2x2,v2:4x4,v2:8x8 --remat=full \
+	  --title="paper preset on smaller TPUv2 slices, rematerialized" \
+	  --json=docs/scaling/paper_v2_small_remat.json
+	$(SCALING) --model=paper --topologies=v2:16x16 --estimators=mlp=deterministic \
+	  --title="paper preset on v2-512: Flipout attention only" \
+	  --json=docs/scaling/paper_v2_flipout_only.json
+	$(SCALING) --model=paper --topologies=v2:16x16 \
+	  --estimators=attention=deterministic,cross_attention=deterministic \
+	  --title="paper preset on v2-512: local reparameterization feed-forward only" \
+	  --json=docs/scaling/paper_v2_lr_only.json
+	$(SCALING) --model=paper --topologies=v2:16x16 --remat=full --search_layers=6,12 \
+	  --title="Largest Bayesian Transformer on v2-512 (AdamW, rematerialized)" \
+	  --json=docs/scaling/search_v2.json
+	$(SCALING) --model=paper --topologies=v4:8x8x8 --remat=full --search_layers=6,12 \
+	  --title="Largest Bayesian Transformer on v4-512 (AdamW, rematerialized)" \
+	  --json=docs/scaling/search_v4.json
+
+# The cost of being Bayesian on this machine (tools/bench.py): a JSON report on stdout and
+# in runs/bench.json, about 8 minutes on 2 CPU cores (the pipeline section reads tatoeba_enfr).
+bench: data
+	mkdir -p runs
+	$(PY) tools/bench.py --json=runs/bench.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info runs/demo runs/demo-synthetic

@@ -1,0 +1,350 @@
+"""Benchmarks of the cost of being Bayesian, as ratios measured in one run; prints a JSON report.
+
+Every figure compares two (or more) programs timed in the same process,
+alternating between them round after round so that machine load hits all
+sides alike; each side's time is its fastest round (background load only ever
+adds time), and the medians are reported too.
+
+Sections (``--sections``, default all):
+
+- ``step``: the trainer's train step (``train_step.jit_train_step``) of one
+  preset, deterministic vs Bayesian: time ratio, the ratio of the two
+  compiled steps' FLOPs and their quotient, the efficiency quotient (1 means
+  the Bayesian step costs exactly its extra arithmetic). FLOPs are counted in
+  the compiled programs with every loop iteration (``meshbayes.scaling.hlo``):
+  ``flop_ratio`` counts every operation as XLA does, ``matmul_flop_ratio``
+  matmuls alone.
+- ``layers``: forward + backward of one Dense layer per estimator
+  (deterministic, reparameterization, Flipout, local reparameterization):
+  loss = sum of outputs + KL, its value and the gradients of every
+  parameter; ratio to deterministic, next to the ratio of the compiled
+  programs' matmul FLOPs (the floor: 2.0 for Flipout and local
+  reparameterization, 1.0 for reparameterization). Measured once per PRNG
+  implementation in ``--prng_impls`` (the key the layer samples from).
+- ``pipeline``: the input pipeline (``meshbayes.data.TaskData``) against the
+  trainer's consumption at a demo's settings, for each of ``--pipeline_tasks``:
+  ``tatoeba_enfr`` (``make demo``; needs ``make data``) and
+  ``synthetic_reverse`` (``make demo-synthetic``).
+- ``decode``: decoding throughput (``predict_batch_with_aux``) with the
+  posterior mean against Bayesian model averaging over S weight samples.
+
+  python tools/bench.py                      # all sections, a few minutes on CPU
+  python tools/bench.py --sections=layers --rows=2048 --in_features=1024 --out_features=4096
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from meshbayes import layers
+
+SECTIONS = ("step", "layers", "pipeline", "decode")
+
+
+def alternate(programs: dict[str, Callable[[], Any]], rounds: int, warmup: int = 1
+              ) -> tuple[dict[str, float], dict[str, float]]:
+  """Fastest and median seconds of each program, timed round-robin (each call blocks)."""
+  for _ in range(warmup):
+    for program in programs.values():
+      jax.block_until_ready(program())
+  times: dict[str, list[float]] = {name: [] for name in programs}
+  for _ in range(rounds):
+    for name, program in programs.items():
+      start = time.perf_counter()
+      jax.block_until_ready(program())
+      times[name].append(time.perf_counter() - start)
+  return ({name: min(t) for name, t in times.items()},
+          {name: statistics.median(t) for name, t in times.items()})
+
+
+# --- step: the trainer's train step, deterministic vs Bayesian ---------------------------------
+
+def bench_step(args: argparse.Namespace) -> dict[str, Any]:
+  from meshbayes.scaling import hlo
+  from meshbayes.scaling.aot import StepSpec, build_steps
+  from meshbayes.train_step import abstract_state, init_train_state, jit_train_step
+  from partitioning import Partitioner
+
+  partitioner = Partitioner(data=1, model=1, rules="data_only", devices=jax.devices()[:1])
+  programs, flops, states = {}, {}, {}
+  rng = np.random.default_rng(0)
+  for estimators in ("deterministic", "bayesian"):
+    spec = StepSpec(model=args.step_model, deterministic=estimators == "deterministic",
+                    batch_size=args.step_batch, input_length=args.step_length,
+                    target_length=args.step_length, model_parallel=1, partitioning="data_only")
+    model, steps = build_steps(spec)
+    shapes = spec.input_shapes()
+    abstract = abstract_state(model, steps, shapes)
+    state, shardings = partitioner.init(
+        lambda k, m=model, s=steps, sh=shapes: init_train_state(m, s.optimizer, sh, k),
+        jax.random.key(0))
+    vocab = spec.config().vocab_size
+    batch = {name: jnp.asarray(rng.integers(1, vocab, size=shape), jnp.int32)
+             for name, shape in shapes.items()}
+    batch["decoder_loss_weights"] = jnp.ones(shapes["decoder_loss_weights"], jnp.int32)
+    placed = partitioner.placed(abstract)  # outside the rules: unboxing would constrain
+    with partitioner.activation_rules():
+      compiled = jit_train_step(steps, partitioner, shardings).lower(placed, batch).compile()
+    summary = hlo.analyze(compiled.as_text())
+    flops[estimators] = {"matmul": summary.matmul_flops, "all": summary.flops}
+    states[estimators] = state
+
+    def run(name=estimators, fn=compiled, data=batch):
+      states[name], metrics = fn(states[name], data)  # the old state is donated
+      return metrics["loss"]
+
+    programs[estimators] = run
+  times, medians = alternate(programs, args.step_rounds, warmup=1)
+  time_ratio = times["bayesian"] / times["deterministic"]
+  ratio = lambda kind: flops["bayesian"][kind] / flops["deterministic"][kind]
+  return {"model": args.step_model, "batch_size": args.step_batch, "length": args.step_length,
+          "seconds": times, "median_seconds": medians, "flops": flops, "time_ratio": time_ratio,
+          "flop_ratio": ratio("all"), "efficiency_quotient": time_ratio / ratio("all"),
+          "matmul_flop_ratio": ratio("matmul"),
+          "matmul_efficiency_quotient": time_ratio / ratio("matmul"),
+          "goal": "efficiency_quotient <= 1.05"}
+
+
+# --- layers: one Dense layer per estimator -------------------------------------------------------
+
+def layer_program(estimator: str, rows: int, in_features: int, out_features: int,
+                  impl: str | None) -> tuple[Callable[[], Any], float]:
+  """Forward + backward of one Dense layer, and its compiled matmul FLOPs.
+
+  The loss is ``sum(outputs) + KL``; the program returns its value and the
+  gradients of every parameter. Returning the value keeps the forward pass:
+  with gradients alone XLA would drop the deterministic layer's forward
+  matmul (the loss is linear in the outputs), but not local
+  reparameterization's variance matmul (the square root is not).
+  """
+  from meshbayes.scaling import hlo
+
+  layer = layers.dense_class(estimator)(features=out_features)
+  x = jax.random.normal(jax.random.key(1), (rows, in_features), jnp.float32)
+  params = layer.init(jax.random.key(0), x)["params"]
+
+  def loss(params, x, key):
+    y, state = layer.apply({"params": params}, x, rngs={"sample": key},
+                           mutable=[layers.KL_COLLECTION])
+    return jnp.sum(y) + layers.total_kl(state)
+
+  key = jax.random.key(2, impl=impl) if impl else jax.random.key(2)
+  compiled = jax.jit(jax.value_and_grad(loss)).lower(params, x, key).compile()
+  counter = iter(range(1 << 30))
+  program = lambda: compiled(params, x, jax.random.fold_in(key, next(counter)))
+  return program, hlo.analyze(compiled.as_text()).matmul_flops
+
+
+@contextlib.contextmanager
+def jax_random_noise():
+  """Traces the estimators with ``jax.random``'s samplers (the layers' noise before
+  ``estimators.standard_normal`` and ``estimators.rademacher``), for comparison."""
+  from meshbayes.layers import estimators
+  saved = estimators.standard_normal, estimators.rademacher
+  estimators.standard_normal = lambda key, shape, dtype=jnp.float32: jax.random.normal(
+      key, tuple(shape), dtype)
+  estimators.rademacher = lambda key, shape, dtype: jax.random.rademacher(key, tuple(shape),
+                                                                          dtype)
+  try:
+    yield
+  finally:
+    estimators.standard_normal, estimators.rademacher = saved
+
+
+def bench_layers(args: argparse.Namespace) -> dict[str, Any]:
+  results: dict[str, Any] = {"rows": args.rows, "in_features": args.in_features,
+                             "out_features": args.out_features, "dtype": "float32",
+                             "goals": {"flipout": 2.1, "local_reparameterization": 2.1,
+                                       "reparameterization": 1.1}}
+  shapes = (args.rows, args.in_features, args.out_features)
+  for impl in args.prng_impls.split(","):
+    impl_arg = None if impl == "default" else impl
+    programs, flops = {}, {}
+    for estimator in layers.ESTIMATORS:
+      programs[estimator], flops[estimator] = layer_program(estimator, *shapes, impl_arg)
+      if args.jax_noise and estimator != "deterministic":
+        with jax_random_noise():  # the same layer drawing its noise with jax.random
+          name = f"{estimator} (jax.random noise)"
+          programs[name], flops[name] = layer_program(estimator, *shapes, impl_arg)
+    times, medians = alternate(programs, args.rounds)
+    others = [name for name in times if name != "deterministic"]
+    results[impl] = {
+        "seconds": times, "median_seconds": medians,
+        "ratio_to_deterministic": {n: times[n] / times["deterministic"] for n in others},
+        # The matmul floor of each ratio, from the compiled programs.
+        "matmul_flop_ratio": {n: flops[n] / flops["deterministic"] for n in others}}
+  return results
+
+
+# --- pipeline: input pipeline vs the trainer's consumption ---------------------------------------
+
+# The demos' settings (gin_configs/examples/): task, lengths, global batch, model preset and
+# the config fields the example's model gin changes.
+PIPELINE_DEMOS = {
+    "tatoeba_enfr": dict(lengths=(24, 32), batch_size=32, model="tiny", overrides=(
+        ("emb_dim", 128), ("num_heads", 4), ("head_dim", 32), ("mlp_dim", 256),
+        ("vocab_size", 8000))),  # tatoeba_enfr_tiny_bayesian.gin (make demo)
+    "synthetic_reverse": dict(lengths=(16, 16), batch_size=32, model="tiny",
+                              overrides=()),  # tiny_synthetic_bayesian.gin (demo-synthetic)
+}
+
+
+def bench_pipeline(args: argparse.Namespace) -> dict[str, Any]:
+  return {task: pipeline_against_trainer(task, args.pipeline_seconds)
+          for task in args.pipeline_tasks.split(",")}
+
+
+def pipeline_against_trainer(task: str, seconds: float) -> dict[str, Any]:
+  """Batches per second of the input pipeline against train steps per second of its demo."""
+  from meshbayes.data import TaskData
+  from meshbayes.data.pipeline import DataLayout
+  from meshbayes.scaling.aot import StepSpec, build_steps
+  from meshbayes.train_step import init_train_state, jit_train_step
+  from partitioning import Partitioner
+
+  demo = PIPELINE_DEMOS[task]
+  inputs, targets = demo["lengths"]
+  data = TaskData(task=task, feature_lengths={"inputs": inputs, "targets": targets},
+                  batch_size=demo["batch_size"])
+  partitioner = Partitioner(rules="data_only")
+  layout = partitioner.data_layout(data.batch_size)
+  batches = data.train_batches(DataLayout(layout.per_host_batch_size, layout.shard_id,
+                                          layout.num_shards))
+  for _ in range(5):
+    next(batches)
+  count, start = 0, time.perf_counter()
+  while time.perf_counter() - start < seconds:
+    partitioner.global_batch(next(batches))  # what the trainer does with each batch
+    count += 1
+  pipeline_rate = count / (time.perf_counter() - start)
+
+  spec = StepSpec(model=demo["model"], overrides=demo["overrides"],
+                  batch_size=demo["batch_size"], input_length=inputs, target_length=targets,
+                  model_parallel=1, partitioning="data_only")
+  model, steps = build_steps(spec)
+  state, shardings = partitioner.init(
+      lambda k: init_train_state(model, steps.optimizer, data.input_shapes(), k),
+      jax.random.key(0))
+  batch = partitioner.global_batch(next(batches))
+  with partitioner.activation_rules():
+    step_fn = jit_train_step(steps, partitioner, shardings)
+    state, metrics = step_fn(state, batch)
+    jax.block_until_ready(metrics)
+    steps_done, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+      state, metrics = step_fn(state, batch)
+      float(metrics["loss"])  # the trainer reads the metrics every step
+      steps_done += 1
+  step_rate = steps_done / (time.perf_counter() - start)
+  return {"batch_size": demo["batch_size"], "lengths": [inputs, targets],
+          "model": f"{demo['model']} {dict(demo['overrides'])}",
+          "pipeline_batches_per_second": pipeline_rate, "train_steps_per_second": step_rate,
+          "ratio": pipeline_rate / step_rate, "goal": "ratio >= 10"}
+
+
+# --- decode: posterior mean vs Bayesian model averaging ------------------------------------------
+
+def bench_decode(args: argparse.Namespace) -> dict[str, Any]:
+  from models.configurables import preset_config
+  from models.encoder_decoder import EncoderDecoderModel
+
+  model = EncoderDecoderModel(preset_config(args.decode_model), num_train_units=1e6)
+  shape = (args.decode_batch, args.decode_length)
+  shapes = {name: shape for name in ("encoder_input_tokens", "decoder_input_tokens",
+                                     "decoder_target_tokens", "decoder_loss_weights")}
+  params = nn.unbox(jax.jit(lambda k: model.get_initial_variables(k, shapes))(
+      jax.random.key(0))["params"])
+  vocab = model.config.vocab_size
+  tokens = jax.random.randint(jax.random.key(1), shape, 2, vocab, jnp.int32)
+  batch = {"encoder_input_tokens": tokens, "decoder_target_tokens": tokens}
+  programs = {}
+  for samples in [0] + [int(s) for s in args.decode_samples.split(",")]:
+    decode = jax.jit(functools.partial(model.predict_batch_with_aux, method=args.decode_method,
+                                       num_samples=samples))
+    programs[f"S={samples}" if samples else "posterior_mean"] = functools.partial(
+        lambda d: d(params, batch, jax.random.key(3))[0], decode)
+  times, _ = alternate(programs, args.rounds)
+  sequences = args.decode_batch
+  return {"model": args.decode_model, "method": args.decode_method, "batch_size": sequences,
+          "max_length": args.decode_length,
+          "sequences_per_second": {k: sequences / t for k, t in times.items()},
+          "slowdown_vs_posterior_mean": {k: t / times["posterior_mean"] for k, t in times.items()
+                                         if k != "posterior_mean"}}
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--sections", default=",".join(SECTIONS),
+                      help=f"comma-separated, from {', '.join(SECTIONS)}")
+  parser.add_argument("--rounds", type=int, default=5, help="timed rounds per program")
+  parser.add_argument("--step_model", default="small")
+  # 16 x 64 = 1,024 tokens per step: what each core of the paper's v2-512 run processes.
+  parser.add_argument("--step_batch", type=int, default=16)
+  parser.add_argument("--step_length", type=int, default=64)
+  parser.add_argument("--step_rounds", type=int, default=3)
+  parser.add_argument("--rows", type=int, default=2048)
+  parser.add_argument("--in_features", type=int, default=1024)
+  parser.add_argument("--out_features", type=int, default=4096)
+  parser.add_argument("--prng_impls", default="default,rbg",
+                      help="key implementations for the layer section ('default': jax's)")
+  parser.add_argument("--jax_noise", action=argparse.BooleanOptionalAction, default=True,
+                      help="also time each Bayesian layer with jax.random's samplers")
+  parser.add_argument("--pipeline_seconds", type=float, default=5.0)
+  parser.add_argument("--pipeline_tasks", default="tatoeba_enfr,synthetic_reverse",
+                      help=f"from {', '.join(PIPELINE_DEMOS)}")
+  parser.add_argument("--decode_model", default="tiny")
+  parser.add_argument("--decode_batch", type=int, default=32)
+  parser.add_argument("--decode_length", type=int, default=16)
+  parser.add_argument("--decode_method", default="greedy", choices=("greedy", "beam", "sample"))
+  parser.add_argument("--decode_samples", default="1,4")
+  parser.add_argument("--json", default=None, help="also write the report here")
+  args = parser.parse_args(argv)
+  unknown = set(args.sections.split(",")) - set(SECTIONS)
+  if unknown:
+    parser.error(f"--sections: unknown {', '.join(sorted(unknown))}; choose from "
+                 f"{', '.join(SECTIONS)}")
+  unknown = set(args.pipeline_tasks.split(",")) - set(PIPELINE_DEMOS)
+  if unknown:
+    parser.error(f"--pipeline_tasks: unknown {', '.join(sorted(unknown))}; choose from "
+                 f"{', '.join(PIPELINE_DEMOS)}")
+  return args
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+  args = parse_args(argv)
+  runners = {"step": bench_step, "layers": bench_layers, "pipeline": bench_pipeline,
+             "decode": bench_decode}
+  report: dict[str, Any] = {"devices": [str(d) for d in jax.devices()],
+                            "jax_version": jax.__version__, "rounds": args.rounds}
+  for section in args.sections.split(","):
+    start = time.perf_counter()
+    report[section] = runners[section](args)
+    report[section]["bench_seconds"] = time.perf_counter() - start
+  text = json.dumps(report, indent=2)
+  print(text)
+  if args.json:
+    Path(args.json).write_text(text + "\n")
+  return report
+
+
+if __name__ == "__main__":
+  main()
