@@ -1,0 +1,35 @@
+"""tools/bench.py at toy sizes: every section runs and reports consistent figures."""
+
+import json
+
+import pytest
+
+from tools import bench
+
+
+def test_every_section_reports_its_ratios(tmp_path):
+  out = tmp_path / "bench.json"
+  report = bench.main(["--rounds=1", "--step_model=tiny", "--step_batch=2", "--step_length=8",
+                       "--step_rounds=1", "--rows=16", "--in_features=32", "--out_features=64",
+                       "--prng_impls=default", "--no-jax_noise", "--pipeline_seconds=0.3",
+                       "--pipeline_tasks=synthetic_reverse", "--decode_samples=2",
+                       "--decode_length=4", "--decode_batch=4", f"--json={out}"])
+  assert json.loads(out.read_text()) == json.loads(json.dumps(report))
+  step = report["step"]
+  assert step["efficiency_quotient"] == step["time_ratio"] / step["flop_ratio"]
+  assert step["flops"]["bayesian"]["matmul"] > step["flops"]["deterministic"]["matmul"] > 0
+  layers = report["layers"]["default"]
+  # The compiled programs' matmul floors: one extra matmul per Flipout / LR layer.
+  assert abs(layers["matmul_flop_ratio"]["flipout"] - 2.0) < 0.01
+  assert abs(layers["matmul_flop_ratio"]["local_reparameterization"] - 2.0) < 0.01
+  assert abs(layers["matmul_flop_ratio"]["reparameterization"] - 1.0) < 0.01
+  pipeline = report["pipeline"]["synthetic_reverse"]
+  assert pipeline["ratio"] > 0 and pipeline["train_steps_per_second"] > 0
+  assert set(report["decode"]["slowdown_vs_posterior_mean"]) == {"S=2"}
+
+
+def test_unknown_sections_and_tasks_are_one_line_errors(capsys):
+  for flag in ("--sections=steps", "--pipeline_tasks=wmt"):
+    with pytest.raises(SystemExit):
+      bench.parse_args([flag])
+    assert "unknown" in capsys.readouterr().err
