@@ -9,8 +9,9 @@ Bayesian predictions come in two modes. The posterior mean runs each weight
 at its mean (one pass). Bayesian model averaging draws ``S`` weight samples,
 holds each fixed over a whole sequence (``layers.sample_weights``: the network
 then runs at its "posterior mean" with the sampled weights; decoding draws
-them once, before the first step), and averages the ``S`` next-token distributions, so beam search and sampling
-run over the predictive distribution. Each step also reports the mutual
+them once, before the first step), and averages the ``S`` next-token
+distributions, so beam search and sampling run over the predictive
+distribution. Each step also reports the mutual
 information between the next token and the weights (epistemic uncertainty).
 """
 

@@ -132,7 +132,7 @@ def variational_param(module: nn.Module, name: str, shape: tuple[int, ...], loc_
 
 
 def sample_weights(params: Any, key: Array) -> dict[str, Any]:
-  """One posterior sample of every weight: each ``w_loc`` becomes ``w_loc + softplus(w_scale) * eps``.
+  """One posterior sample of every weight: ``w_loc`` becomes ``w_loc + softplus(w_scale) * eps``.
 
   A model applied to the result at its posterior mean (``deterministic=True``)
   runs with the sampled weights, so one sample can serve many calls (the
