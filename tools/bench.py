@@ -77,10 +77,25 @@ def alternate(programs: dict[str, Callable[[], Any]], rounds: int, warmup: int =
 
 # --- step: the trainer's train step, deterministic vs Bayesian ---------------------------------
 
+def compiled_train_step(spec: Any, partitioner: Any, batch: dict[str, Any]) -> tuple[Any, Any]:
+  """A fresh train state of ``spec`` and the trainer's jitted step compiled for ``batch``."""
+  from meshbayes.scaling.aot import build_steps
+  from meshbayes.train_step import abstract_state, init_train_state, jit_train_step
+
+  model, steps = build_steps(spec)
+  shapes = spec.input_shapes()
+  # Placed outside the activation rules: unboxing inside them would constrain.
+  placed = partitioner.placed(abstract_state(model, steps, shapes))
+  state, shardings = partitioner.init(
+      lambda k: init_train_state(model, steps.optimizer, shapes, k), jax.random.key(0))
+  with partitioner.activation_rules():
+    compiled = jit_train_step(steps, partitioner, shardings).lower(placed, batch).compile()
+  return state, compiled
+
+
 def bench_step(args: argparse.Namespace) -> dict[str, Any]:
   from meshbayes.scaling import hlo
-  from meshbayes.scaling.aot import StepSpec, build_steps
-  from meshbayes.train_step import abstract_state, init_train_state, jit_train_step
+  from meshbayes.scaling.aot import StepSpec
   from partitioning import Partitioner
 
   partitioner = Partitioner(data=1, model=1, rules="data_only", devices=jax.devices()[:1])
@@ -90,22 +105,14 @@ def bench_step(args: argparse.Namespace) -> dict[str, Any]:
     spec = StepSpec(model=args.step_model, deterministic=estimators == "deterministic",
                     batch_size=args.step_batch, input_length=args.step_length,
                     target_length=args.step_length, model_parallel=1, partitioning="data_only")
-    model, steps = build_steps(spec)
     shapes = spec.input_shapes()
-    abstract = abstract_state(model, steps, shapes)
-    state, shardings = partitioner.init(
-        lambda k, m=model, s=steps, sh=shapes: init_train_state(m, s.optimizer, sh, k),
-        jax.random.key(0))
     vocab = spec.config().vocab_size
     batch = {name: jnp.asarray(rng.integers(1, vocab, size=shape), jnp.int32)
              for name, shape in shapes.items()}
     batch["decoder_loss_weights"] = jnp.ones(shapes["decoder_loss_weights"], jnp.int32)
-    placed = partitioner.placed(abstract)  # outside the rules: unboxing would constrain
-    with partitioner.activation_rules():
-      compiled = jit_train_step(steps, partitioner, shardings).lower(placed, batch).compile()
+    states[estimators], compiled = compiled_train_step(spec, partitioner, batch)
     summary = hlo.analyze(compiled.as_text())
     flops[estimators] = {"matmul": summary.matmul_flops, "all": summary.flops}
-    states[estimators] = state
 
     def run(name=estimators, fn=compiled, data=batch):
       states[name], metrics = fn(states[name], data)  # the old state is donated
@@ -215,9 +222,8 @@ def bench_pipeline(args: argparse.Namespace) -> dict[str, Any]:
 def pipeline_against_trainer(task: str, seconds: float) -> dict[str, Any]:
   """Batches per second of the input pipeline against train steps per second of its demo."""
   from meshbayes.data import TaskData
-  from meshbayes.data.pipeline import DataLayout
-  from meshbayes.scaling.aot import StepSpec, build_steps
-  from meshbayes.train_step import init_train_state, jit_train_step
+  from meshbayes.host_input import HostInput
+  from meshbayes.scaling.aot import StepSpec
   from partitioning import Partitioner
 
   demo = PIPELINE_DEMOS[task]
@@ -226,8 +232,7 @@ def pipeline_against_trainer(task: str, seconds: float) -> dict[str, Any]:
                   batch_size=demo["batch_size"])
   partitioner = Partitioner(rules="data_only")
   layout = partitioner.data_layout(data.batch_size)
-  batches = data.train_batches(DataLayout(layout.per_host_batch_size, layout.shard_id,
-                                          layout.num_shards))
+  batches = HostInput(data, layout, input_shards=layout.num_shards).train_batches()  # as train
   for _ in range(5):
     next(batches)
   count, start = 0, time.perf_counter()
@@ -239,20 +244,15 @@ def pipeline_against_trainer(task: str, seconds: float) -> dict[str, Any]:
   spec = StepSpec(model=demo["model"], overrides=demo["overrides"],
                   batch_size=demo["batch_size"], input_length=inputs, target_length=targets,
                   model_parallel=1, partitioning="data_only")
-  model, steps = build_steps(spec)
-  state, shardings = partitioner.init(
-      lambda k: init_train_state(model, steps.optimizer, data.input_shapes(), k),
-      jax.random.key(0))
   batch = partitioner.global_batch(next(batches))
-  with partitioner.activation_rules():
-    step_fn = jit_train_step(steps, partitioner, shardings)
+  state, step_fn = compiled_train_step(spec, partitioner, batch)
+  state, metrics = step_fn(state, batch)
+  jax.block_until_ready(metrics)
+  steps_done, start = 0, time.perf_counter()
+  while time.perf_counter() - start < seconds:
     state, metrics = step_fn(state, batch)
-    jax.block_until_ready(metrics)
-    steps_done, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-      state, metrics = step_fn(state, batch)
-      float(metrics["loss"])  # the trainer reads the metrics every step
-      steps_done += 1
+    float(metrics["loss"])  # the trainer reads the metrics every step
+    steps_done += 1
   step_rate = steps_done / (time.perf_counter() - start)
   return {"batch_size": demo["batch_size"], "lengths": [inputs, targets],
           "model": f"{demo['model']} {dict(demo['overrides'])}",
