@@ -142,7 +142,7 @@ def _versions() -> dict[str, str]:
 
 def _differences(records: list[dict]) -> str:
   """Bayesian minus deterministic, per target, for records compiled in pairs."""
-  from meshbayes.scaling.report import GIB
+  from meshbayes.scaling.report import GIB, bytes_needed
   pairs: dict[str, dict[str, dict]] = {}
   for r in records:
     pairs.setdefault(r["target"], {})[r["estimators"]] = r
@@ -153,12 +153,12 @@ def _differences(records: list[dict]) -> str:
     det, bayes = pair.get("deterministic"), pair.get("bayesian")
     if not det or not bayes:
       continue
-    peak = lambda r: r.get("peak_bytes_per_device") or r.get("required_bytes_per_device")
     flops = lambda r: r.get("flops_per_device")
     ratio = (f"{flops(bayes) / flops(det):.3f}" if flops(det) and flops(bayes) else "-")
     fmt = lambda v, scale: "-" if v is None else f"{v / scale:.3f}"
-    difference = (peak(bayes) - peak(det)) if peak(det) and peak(bayes) else None
-    lines.append(f"| {target} | {fmt(peak(det), GIB)} | {fmt(peak(bayes), GIB)} "
+    det_bytes, bayes_bytes = bytes_needed(det), bytes_needed(bayes)
+    difference = bayes_bytes - det_bytes if det_bytes and bayes_bytes else None
+    lines.append(f"| {target} | {fmt(det_bytes, GIB)} | {fmt(bayes_bytes, GIB)} "
                  f"| {fmt(difference, GIB)} | {fmt(det.get('state_bytes_per_device'), GIB)} "
                  f"| {fmt(bayes.get('state_bytes_per_device'), GIB)} | {fmt(flops(det), 1e12)} "
                  f"| {fmt(flops(bayes), 1e12)} | {ratio} |")
@@ -210,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     for spec in specs:
       start = time.perf_counter()
       record = compile_and_log(spec, target)
-      needed = record.get("peak_bytes_per_device") or record.get("required_bytes_per_device")
+      needed = report.bytes_needed(record)
       error = f" {record['error']}" if record["error"] else ""
       print(f"{target.label} {record['estimators']}: fits={record['fits']} "
             f"peak={'-' if needed is None else f'{needed / 2**30:.2f} GiB'} "

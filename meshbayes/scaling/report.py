@@ -13,6 +13,15 @@ _SHORT = {"all-reduce": "AR", "all-gather": "AG", "reduce-scatter": "RS", "all-t
           "collective-permute": "CP"}
 
 
+def bytes_needed(record: dict[str, Any]) -> float | None:
+  """Per-device bytes a record needed: its peak, or what the compiler said when it ran out."""
+  if record.get("peak_bytes_per_device") is not None:
+    return float(record["peak_bytes_per_device"])
+  if record.get("required_bytes_per_device") is not None:
+    return float(record["required_bytes_per_device"])
+  return None
+
+
 def _gib(value: float | None) -> str:
   return "-" if value is None else f"{value / GIB:.2f}"
 
@@ -115,7 +124,7 @@ def plot(records: Sequence[dict[str, Any]], path: str | Path, title: str = "") -
 
   series: dict[str, list[dict[str, Any]]] = {}
   for r in records:
-    if r.get("peak_bytes_per_device") is None and r.get("required_bytes_per_device") is None:
+    if bytes_needed(r) is None:
       continue
     series.setdefault(_model(r) + f", {r['optimizer']}, remat {r['remat_policy']}", []).append(r)
   if not series:
@@ -124,7 +133,7 @@ def plot(records: Sequence[dict[str, Any]], path: str | Path, title: str = "") -
   for label, rows in series.items():
     rows = sorted(rows, key=lambda r: r["cores"])
     cores = [r["cores"] for r in rows]
-    peak = [(r.get("peak_bytes_per_device") or r["required_bytes_per_device"]) / GIB for r in rows]
+    peak = [bytes_needed(r) / GIB for r in rows]
     line, = memory_axes.plot(cores, peak, "o-", label=f"{label}: peak")
     state = [r.get("state_bytes_per_device", 0) / GIB for r in rows]
     memory_axes.plot(cores, state, "s--", color=line.get_color(), alpha=0.6,
@@ -175,7 +184,7 @@ def plot_search(records: Sequence[dict[str, Any]], path: str | Path, title: str 
 
   series: dict[str, list[dict[str, Any]]] = {}
   for r in records:
-    if r.get("peak_bytes_per_device") or r.get("required_bytes_per_device"):
+    if bytes_needed(r) is not None:
       label = f"{r['target']}, {r['num_encoder_layers']}+{r['num_decoder_layers']} layers"
       series.setdefault(label, []).append(r)
   if not series:
@@ -184,8 +193,7 @@ def plot_search(records: Sequence[dict[str, Any]], path: str | Path, title: str 
   for label, rows in series.items():
     rows = sorted(rows, key=lambda r: r["variational_params"])
     params = [r["variational_params"] / 1e9 for r in rows]
-    memory = [(r.get("peak_bytes_per_device") or r["required_bytes_per_device"]) / GIB
-              for r in rows]
+    memory = [bytes_needed(r) / GIB for r in rows]
     line, = axes.plot(params, memory, "-", label=label)
     for x, y, r in zip(params, memory, rows):
       axes.plot(x, y, "o", color=line.get_color(),

@@ -25,6 +25,7 @@ from typing import Any
 import jax
 
 from meshbayes.scaling.aot import StepSpec, build_steps
+from meshbayes.scaling.report import bytes_needed
 from meshbayes.scaling.targets import Target
 from meshbayes.train_step import abstract_state
 
@@ -66,15 +67,6 @@ def state_bytes_per_device(spec: StepSpec, num_devices: int) -> float:
   model, steps = build_steps(spec)
   leaves = jax.tree.leaves(abstract_state(model, steps, spec.input_shapes()))
   return sum(math.prod(x.shape) * x.dtype.itemsize for x in leaves) / num_devices
-
-
-def bytes_needed(record: Record) -> float | None:
-  """Per-device bytes a record needed: its peak, or what the compiler said when it ran out."""
-  if record.get("peak_bytes_per_device") is not None:
-    return float(record["peak_bytes_per_device"])
-  if record.get("required_bytes_per_device") is not None:
-    return float(record["required_bytes_per_device"])
-  return None
 
 
 def _next_units(fit: int, miss: int | None, needed_at_fit: float | None,
