@@ -21,9 +21,10 @@ default it stops. Checkpoints saved before checksums restore with a note.
 A step directory is complete when orbax's structural files are all there
 (``missing_parts``). A kill while orbax deletes an old checkpoint leaves an
 incomplete one behind; opening ``Checkpoints`` (process 0) removes incomplete
-step directories older than the newest complete one. Saves in flight are never
-touched: orbax writes them under a temporary name (``<step>.orbax-checkpoint-tmp-*``),
-or, on object stores, into a step directory newer than every complete one.
+step directories older than the newest complete one. A step newer than every
+complete one is never touched (on object stores, a save in flight writes there);
+temporary directories (``<step>.orbax-checkpoint-tmp-*``) left by a dead run are
+orbax's to remove, which it does in the background when the manager opens.
 
 Restores take an abstract target whose arrays carry ``NamedSharding``s: the
 saved values are read shard by shard onto that mesh, whatever mesh saved them.

@@ -182,7 +182,8 @@ def test_a_half_deleted_step_is_listed_as_incomplete_then_removed(tmp_path, caps
   ckpts = checkpoints.Checkpoints(root)
   assert capsys.readouterr().out == (f"removed the incomplete checkpoint {root / '2'} "
                                      "(an interrupted deletion)\n")
-  # The newest and a save in flight are left alone.
-  assert sorted(p.name for p in root.iterdir()) == [
-      "10.orbax-checkpoint-tmp-1700000000", "4", "6", "8"]
+  # The newest is left alone; the temporary directory is orbax's to clean up, in a
+  # background thread, so whether it is still there is not ours to assert.
+  assert sorted(p.name for p in root.iterdir() if ".orbax-checkpoint-tmp" not in p.name) == [
+      "4", "6", "8"]
   ckpts.close()
