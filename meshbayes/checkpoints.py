@@ -257,11 +257,17 @@ def read_arrays(step_dir: str | os.PathLike) -> dict[str, np.ndarray]:
   return {"/".join(path_names(p)): np.asarray(x) for p, x in leaves}
 
 
+def _matching(saved: Any, target: Any) -> Any:
+  """The part of ``saved`` under the (nested) keys of ``target``."""
+  if isinstance(target, Mapping) and isinstance(saved, Mapping):
+    return {k: _matching(saved[k], v) for k, v in target.items() if k in saved}
+  return saved
+
+
 def restore_subtree(step_dir: str | os.PathLike, target: Any) -> Any:
   """Restores only the arrays in ``target`` (e.g. ``{'params': ...}``), with its shardings."""
   step_dir = as_path(step_dir)
-  saved = saved_tree(step_dir)
-  check_compatible({k: saved[k] for k in target if k in saved}, target, str(step_dir))
+  check_compatible(_matching(saved_tree(step_dir), target), target, str(step_dir))
   expected = read_meta(step_dir).get(checkpoint_integrity.CHECKSUMS_KEY)
   restore_args = jax.tree.map(lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding), target)
   try:

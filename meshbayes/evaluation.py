@@ -24,6 +24,7 @@ from meshbayes import metrics, predictive_eval
 from meshbayes.data import paths
 from meshbayes.data.pipeline import TaskData, get_task
 from meshbayes.inference import encode_lines, in_batches, read_lines, restore_params
+from meshbayes.layers import holds_posterior
 from meshbayes.metrics_writer import MetricsWriter, progress
 from meshbayes.models.base import BaseModel
 from meshbayes.partitioning import Partitioner
@@ -135,7 +136,8 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
                             "num_samples": num_samples}
   result.update(teacher_forced_metrics(eval_fn, params, progress(batches, "teacher-forced pass"),
                                        partitioner))
-  variants = predictive_eval.predictives(model.is_bayesian, num_samples)
+  variants = predictive_eval.predictives(model.is_bayesian or holds_posterior(params),
+                                         num_samples)
   result["predictives"] = [v.name for v in variants]
   reliability: dict[str, dict[str, Any]] = {}
   result["token_calibration"] = {}

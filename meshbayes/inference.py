@@ -18,14 +18,18 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import tqdm
 from etils import epath
 
 from meshbayes import checkpoints as checkpoints_lib
+from meshbayes import ivon as ivon_lib
 from meshbayes import predictive_eval
 from meshbayes.data.pipeline import TaskData, get_task
+from meshbayes.layers import WeightPosterior, holds_posterior
 from meshbayes.models.base import BaseModel
+from meshbayes.optimizers import IVON_META
 from meshbayes.partitioning import Partitioner
 
 SCORES_SUFFIX = ".scores.jsonl"
@@ -36,13 +40,27 @@ _NOTHING_MEASURED = {"log_prob": None, "num_tokens": 0, "entropy": None,
 
 def restore_params(model_dir: str | Path, model: BaseModel, data: TaskData,
                    partitioner: Partitioner, step: int | None = None) -> tuple[Any, int]:
-  """The parameters of a checkpoint, sharded for ``partitioner``, and its step."""
+  """The parameters of a checkpoint, sharded for ``partitioner``, and its step.
+
+  An IVON run's are its posterior: a ``WeightPosterior`` of the parameters
+  (the mean) and the stddevs from the saved Hessian estimate, which
+  evaluation and decoding take in place of the parameters.
+  """
   shapes = data.input_shapes()
-  abstract = jax.eval_shape(lambda k: {"params": model.get_initial_variables(k, shapes)["params"]},
-                            jax.random.key(0))
+  params = jax.eval_shape(lambda k: model.get_initial_variables(k, shapes)["params"],
+                          jax.random.key(0))
   step_dir = checkpoints_lib.find_step_dir(model_dir, step)
-  return (checkpoints_lib.restore_subtree(step_dir, partitioner.placed(abstract))["params"],
-          int(step_dir.name))
+  ivon = checkpoints_lib.read_meta(step_dir).get(IVON_META)
+  target = {"params": params}
+  if ivon:
+    target["opt_state"] = {"hessian": jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32), params)}
+  restored = checkpoints_lib.restore_subtree(step_dir, partitioner.placed(target))
+  if ivon:
+    stddev = jax.jit(ivon_lib.posterior_stddev, static_argnums=(1, 2))(
+        restored["opt_state"]["hessian"], float(ivon["ess"]), float(ivon["weight_decay"]))
+    return WeightPosterior(restored["params"], stddev), int(step_dir.name)
+  return restored["params"], int(step_dir.name)
 
 
 def read_lines(path: str | Path, skip_empty: bool = False) -> list[str]:
@@ -222,7 +240,8 @@ def infer(*, model_dir: str, model: BaseModel, data: TaskData, input_file: str,
     print(warning, file=sys.stderr, flush=True)
   partitioner = partitioner or Partitioner()
   params, _ = restore_params(model_dir, model, data, partitioner, checkpoint_step)
-  predictive = predictive_eval.predictives(model.is_bayesian, num_samples)[0]
+  predictive = predictive_eval.predictives(model.is_bayesian or holds_posterior(params),
+                                           num_samples)[0]
   inputs = encoded.rows[encoded.present]  # empty lines take no room in the batches
   batches = tqdm.tqdm(in_batches(inputs, data.batch_size), desc="decoding", unit=" batches",
                       total=-(-len(inputs) // data.batch_size), disable=not writer,

@@ -26,8 +26,8 @@ Learning rates: this is the paper's Algorithm 1. The ``ivon-opt`` package
 Noise. Each step's ``eps`` is a pure function of the state (its ``seed``,
 ``count``, Hessian) and the Monte Carlo sample's index, so the update never
 stores it and the state alone makes a resumed run exact. Each leaf draws with
-its own key, folded from its tree path, through ``layers.estimators``'s
-``standard_normal``: a sharded leaf is drawn shard by shard on its devices
+its own key, folded from its tree path (``layers.weight_posterior``'s
+``scaled_normal``): a sharded leaf is drawn shard by shard on its devices
 (jax's partitionable threefry, the default in jax 0.10), with the same values
 on any mesh. Data-parallel replicas therefore share one ``eps`` per sample:
 the step is one jitted computation on the global batch, exactly the algorithm
@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import zlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -72,7 +71,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from meshbayes.layers.estimators import standard_normal
+from meshbayes.layers.weight_posterior import WeightPosterior, perturb, scaled_normal
 
 Array = jax.Array
 LearningRate = float | Callable[[Array], Array]
@@ -101,40 +100,6 @@ class GradientStatistics(NamedTuple):
   count: Array
 
 
-class Posterior(NamedTuple):
-  """A diagonal Gaussian over a parameter tree: weight samples are ``mean + stddev * eps``."""
-
-  mean: Any
-  stddev: Any
-
-  def sample(self, key: Array) -> Any:
-    """One weight sample, in the parameters' dtypes (leaf noise keyed by its tree path)."""
-    return perturb(self.mean, _scaled_normal(key, self.stddev))
-
-  def samples(self, key: Array, num_samples: int) -> Any:
-    """``num_samples`` weight samples stacked on a leading axis (that many copies in memory:
-    for a large model, call ``sample`` per key, e.g. inside ``predictive.sample_outputs``)."""
-    if num_samples < 1:
-      raise ValueError(f"Posterior.samples: num_samples={num_samples!r} must be >= 1")
-    return jax.lax.map(self.sample, jax.random.split(key, num_samples))
-
-
-def _path_key(key: Array, path: tuple[Any, ...]) -> Array:
-  # crc32 of the path, not hash(): Python randomizes string hashes per process.
-  return jax.random.fold_in(key, zlib.crc32(jax.tree_util.keystr(path).encode()) & 0x7FFFFFFF)
-
-
-def _scaled_normal(key: Array, stddev: Any) -> Any:
-  """``stddev * N(0, 1)`` in float32, each leaf with its own key folded from its path."""
-  return jax.tree_util.tree_map_with_path(
-      lambda path, s: s * standard_normal(_path_key(key, path), s.shape), stddev)
-
-
-def perturb(params: Any, noise: Any) -> Any:
-  """``params + noise``, added in float32 and cast back to each parameter's dtype."""
-  return jax.tree.map(lambda p, n: (p.astype(jnp.float32) + n).astype(p.dtype), params, noise)
-
-
 def zero_statistics(params: Any) -> GradientStatistics:
   """Empty statistics for ``accumulate``."""
   zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
@@ -148,6 +113,15 @@ def accumulate(stats: GradientStatistics, grads: Any, noise: Any) -> GradientSta
       grad=jax.tree.map(jnp.add, stats.grad, grads),
       noise_grad=jax.tree.map(lambda s, g, n: s + n * g, stats.noise_grad, grads, noise),
       count=stats.count + 1)
+
+
+def posterior_stddev(hessian: Any, ess: float, weight_decay: float) -> Any:
+  """``1 / sqrt(ess * (h + weight_decay))`` for each leaf of the Hessian estimate (float32).
+
+  With the ``ess`` and ``weight_decay`` a checkpoint's meta records, its saved
+  ``opt_state['hessian']`` gives the posterior: ``WeightPosterior(params, stddev)``.
+  """
+  return jax.tree.map(lambda h: jax.lax.rsqrt(ess * (h + weight_decay)), hessian)
 
 
 def check_deterministic(params: Any) -> None:
@@ -214,12 +188,12 @@ class IVON:
 
   def posterior_stddev(self, state: IVONState) -> Any:
     """``1 / sqrt(ess * (h + weight_decay))`` per weight (float32)."""
-    ess = self._ess()
-    return jax.tree.map(lambda h: jax.lax.rsqrt(ess * (h + self.weight_decay)), state.hessian)
+    return posterior_stddev(state.hessian, self._ess(), self.weight_decay)
 
-  def posterior(self, params: Any, state: IVONState) -> Posterior:
-    """The posterior: mean ``params``, stddev ``posterior_stddev(state)``."""
-    return Posterior(mean=params, stddev=self.posterior_stddev(state))
+  def posterior(self, params: Any, state: IVONState) -> WeightPosterior:
+    """The posterior: mean ``params``, stddev ``posterior_stddev(state)``; evaluation takes
+    it in place of ``params`` (``meshbayes.layers.weight_posterior``)."""
+    return WeightPosterior(mean=params, stddev=self.posterior_stddev(state))
 
   def noise(self, state: IVONState, sample_index: int | Array) -> Any:
     """This step's ``eps`` for Monte Carlo sample ``sample_index`` (float32, like the params).
@@ -229,7 +203,7 @@ class IVON:
     """
     key = jax.random.fold_in(jax.random.key(state.seed), _NOISE_STREAM)
     key = jax.random.fold_in(jax.random.fold_in(key, state.count), sample_index)
-    return _scaled_normal(key, self.posterior_stddev(state))
+    return scaled_normal(key, self.posterior_stddev(state))
 
   def transformation(self, learning_rate: LearningRate, clip_gradient_norm: float = 0.0,
                      seed: int = 0) -> optax.GradientTransformation:

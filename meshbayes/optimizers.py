@@ -21,6 +21,9 @@ Array = jax.Array
 SCHEDULES = ("constant", "rsqrt", "cosine")
 OPTIMIZERS = ("adamw", "adafactor", "sgd", "ivon")
 KL_SCHEDULES = ("constant", "linear")
+# The checkpoint meta key of an IVON run's ess and weight_decay: with the saved
+# optimizer state they give the posterior (``meshbayes.ivon.IVON.posterior``).
+IVON_META = "ivon"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,6 +19,8 @@ import optax
 from flax import traverse_util
 from jax.sharding import NamedSharding
 
+from meshbayes import ivon as ivon_lib
+from meshbayes.ivon import IVON
 from meshbayes.models.base import LOSS, BaseModel, per_loss_unit
 from meshbayes.partitioning import Partitioner
 
@@ -48,17 +50,26 @@ def init_train_state(model: BaseModel, optimizer: optax.GradientTransformation,
                     opt_state=optimizer.init(flax.linen.unbox(params)))
 
 
-def posterior_stddev_metrics(params: Any) -> dict[str, Array]:
-  """Mean posterior stddev of the Bayesian weights in each of ``STDDEV_GROUPS``."""
+def layer_stddevs(params: Any) -> dict[str, Array]:
+  """Bayesian layers' posterior stddevs ``softplus(w_scale)`` by ``/``-joined path."""
   flat = traverse_util.flatten_dict(params, sep="/")
+  return {k: jax.nn.softplus(v.astype(jnp.float32)) for k, v in flat.items()
+          if k.endswith("_scale") and "_prior_" not in k}
+
+
+def posterior_stddev_metrics(stddevs: Mapping[str, Array]) -> dict[str, Array]:
+  """Mean posterior stddev of the weights in each of ``STDDEV_GROUPS``.
+
+  Args:
+    stddevs: path -> stddevs (``layer_stddevs``, or an IVON posterior's, flattened).
+  """
   metrics = {}
   for group, substring in STDDEV_GROUPS.items():
-    scales = [v for k, v in flat.items() if k.endswith("_scale") and "_prior_" not in k
-              and substring in k]
-    if scales:
-      total = sum(jnp.sum(jax.nn.softplus(s.astype(jnp.float32))) for s in scales)
+    leaves = [v for k, v in stddevs.items() if substring in k]
+    if leaves:
       # A Python float: an int count of a giant model's weights overflows int32 under jit.
-      metrics[f"posterior_stddev/{group}"] = total / float(sum(s.size for s in scales))
+      metrics[f"posterior_stddev/{group}"] = (sum(jnp.sum(v) for v in leaves)
+                                              / float(sum(v.size for v in leaves)))
   return metrics
 
 
@@ -138,6 +149,9 @@ class StepFunctions:
     num_microbatches: split each batch into this many microbatches and
       accumulate their gradients (float32), for batches that do not fit at
       once (``gradients``).
+    ivon: IVON's settings (``ess`` set) when ``optimizer`` is its
+      transformation: gradients are then taken at ``mc_samples`` weight
+      samples drawn from its state, and it updates from their statistics.
   """
 
   model: BaseModel
@@ -146,6 +160,7 @@ class StepFunctions:
   kl_weight: Callable[[Array], Array]
   seed: int = 0
   num_microbatches: int = 1
+  ivon: IVON | None = None
 
   def __post_init__(self):
     if self.num_microbatches < 1:
@@ -160,15 +175,56 @@ class StepFunctions:
     """
     rng = jax.random.fold_in(jax.random.key(self.seed), state.step)
     kl_weight = self.kl_weight(state.step)
-    grads, metrics = gradients(self.model, state.params, batch, rng, kl_weight,
-                               self.num_microbatches)
-    updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+    if self.ivon is None:
+      grads, metrics = gradients(self.model, state.params, batch, rng, kl_weight,
+                                 self.num_microbatches)
+      updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+    else:
+      statistics, metrics = self._ivon_statistics(state, batch, rng, kl_weight)
+      grads = jax.tree.map(lambda g: g / statistics.count, statistics.grad)
+      updates, opt_state = self.optimizer.update(statistics, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
+    stddevs = (layer_stddevs(params) if self.ivon is None else
+               traverse_util.flatten_dict(self.ivon.posterior_stddev(opt_state), sep="/"))
     metrics = dict(metrics, gradient_norm=optax.tree.norm(grads),
                    learning_rate=self.learning_rate(state.step),
-                   **posterior_stddev_metrics(params))
+                   **posterior_stddev_metrics(stddevs))
     metrics[STATE_IS_FINITE] = all_finite((params, opt_state))
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+  def _ivon_statistics(self, state: TrainState, batch: Batch, rng: Array, kl_weight: Array
+                       ) -> tuple[ivon_lib.GradientStatistics, dict[str, Array]]:
+    """IVON's gradient statistics at ``mc_samples`` weight samples, and their mean metrics.
+
+    Sample ``i`` perturbs the weights by ``ivon.noise(state, i)`` and draws
+    its dropout from ``fold_in(rng, i)``; the samples run one after another
+    (one perturbed copy of the weights in memory).
+    """
+    config = self.ivon
+
+    def one_sample(index):
+      noise = config.noise(state.opt_state, index)
+      grads, metrics = gradients(self.model, ivon_lib.perturb(state.params, noise), batch,
+                                 jax.random.fold_in(rng, index), kl_weight,
+                                 self.num_microbatches)
+      return noise, grads, metrics
+
+    zero = ivon_lib.zero_statistics(state.params)
+    if config.mc_samples == 1:
+      noise, grads, metrics = one_sample(0)
+      return ivon_lib.accumulate(zero, grads, noise), metrics
+
+    def body(index, carry):
+      statistics, metric_sums = carry
+      noise, grads, metrics = one_sample(index)
+      return (ivon_lib.accumulate(statistics, grads, noise),
+              jax.tree.map(jnp.add, metric_sums, metrics))
+
+    zero_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                                jax.eval_shape(lambda: one_sample(0)[2]))
+    statistics, metric_sums = jax.lax.fori_loop(0, config.mc_samples, body,
+                                                (zero, zero_metrics))
+    return statistics, jax.tree.map(lambda m: m / config.mc_samples, metric_sums)
 
   def eval_step(self, params: Any, batch: Batch) -> dict[str, Array]:
     """Teacher-forced evaluation metrics of one batch."""

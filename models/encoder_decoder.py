@@ -25,7 +25,14 @@ import jax
 import jax.numpy as jnp
 
 from meshbayes import predictive
-from meshbayes.layers import KL_COLLECTION, kl_penalty, sample_weights, total_kl
+from meshbayes.layers import (
+  KL_COLLECTION,
+  holds_posterior,
+  kl_penalty,
+  posterior_mean,
+  sample_weights,
+  total_kl,
+)
 from meshbayes.models import decoding
 from meshbayes.models.base import (
   LOSS,
@@ -157,13 +164,14 @@ class EncoderDecoderModel(BaseModel):
   def eval_fn(self, params, batch, rng=None):
     """Posterior-mean teacher-forced loss (the ELBO with kl_weight 1) and metrics."""
     del rng
-    logits, state = self._teacher_forced(params, batch, deterministic=True)
+    logits, state = self._teacher_forced(posterior_mean(params), batch, deterministic=True)
     metrics = self.metrics_from_sums(self._sums(logits, total_kl(state), batch, 1.0, 0.0))
     return metrics[LOSS], metrics
 
-  def _sample_keys(self, rng: Array | None, num_samples: int) -> tuple[Array, bool]:
+  def _sample_keys(self, params: Any, rng: Array | None, num_samples: int
+                   ) -> tuple[Array, bool]:
     """Keys of the weight samples, and whether to use the posterior mean instead."""
-    if num_samples == 0 or not self.is_bayesian:
+    if num_samples == 0 or not (self.is_bayesian or holds_posterior(params)):
       return jax.random.key(0)[None], True
     if rng is None:
       raise ValueError(f"num_samples={num_samples} posterior samples need an rng")
@@ -182,10 +190,10 @@ class EncoderDecoderModel(BaseModel):
       0 at padding); with ``return_log_probs``, also ``log_probs``
       ``(batch, length, vocab)``, the whole predictive distribution.
     """
-    keys, mean = self._sample_keys(rng, num_samples)
+    keys, mean = self._sample_keys(params, rng, num_samples)
 
     def log_probs(key):
-      weights = params if mean else sample_weights(params, key)
+      weights = posterior_mean(params) if mean else sample_weights(params, key)
       logits = self.module.apply({"params": weights}, batch["encoder_input_tokens"],
                                  batch["decoder_input_tokens"], batch["decoder_target_tokens"],
                                  deterministic=True)
@@ -272,11 +280,11 @@ class EncoderDecoderModel(BaseModel):
       ``(step_fn, reorder, cache)``. The cache holds, for each weight sample
       (a leading axis), the encoder outputs and the decoder's key/value cache.
     """
-    keys, mean = self._sample_keys(rng, num_samples)
+    keys, mean = self._sample_keys(params, rng, num_samples)
     num_samples = keys.shape[0]
     # Each sample's weights are drawn once, here, and decoded at their "posterior mean":
     # drawing them at every step would cost a weight-sized normal per layer per token.
-    weights, axis = ((params, None) if mean else
+    weights, axis = ((posterior_mean(params), None) if mean else
                      (jax.vmap(lambda key: sample_weights(params, key))(keys), 0))
     module = self.module
     per_sample = lambda fn, *axes: jax.vmap(fn, in_axes=(axis, *axes), axis_size=num_samples)
@@ -288,7 +296,8 @@ class EncoderDecoderModel(BaseModel):
     encoded = per_sample(encode)(weights)
     dummy = jnp.zeros((inputs.shape[0], max_length), jnp.int32)
     cache_shapes = jax.eval_shape(
-        lambda: module.apply({"params": params}, encoded[0], inputs, dummy, deterministic=True,
+        lambda: module.apply({"params": posterior_mean(params)}, encoded[0], inputs, dummy,
+                             deterministic=True,
                              decode=True, max_decode_length=max_length, mutable=["cache"],
                              method=Transformer.decode)[1]["cache"])
     decoder_cache = jax.tree.map(lambda s: jnp.zeros((num_samples,) + s.shape, s.dtype),

@@ -11,7 +11,8 @@ files a step directory lacks; ``verify`` reads every step and checks its arrays
 against their checksums, one line per step (``ok``, ``corrupt: <array>``,
 ``incomplete``, ``no checksums``), exiting 1 when any step is corrupt or
 incomplete; ``show`` every parameter's shape, dtype,
-logical axes and bytes, and per layer the posterior standard deviations;
+logical axes and bytes, and per layer the posterior standard deviations
+(of Bayesian layers, or of an IVON run's posterior from its optimizer state);
 ``diff`` the largest absolute difference of every array of two checkpoints
 (parameters and optimizer state), exiting 0 only when all are identical.
 Arrays are read onto this host's first device and verified against their checksums.
@@ -31,6 +32,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import numpy as np
 
 from meshbayes import checkpoint_integrity, checkpoints
+from meshbayes.optimizers import IVON_META
 
 
 def _bytes(n: float) -> str:
@@ -65,9 +67,10 @@ def list_steps(model_dir: str) -> str:
 
 def show(model_dir: str, step: int | None) -> str:
   step_dir = checkpoints.find_step_dir(model_dir, step)
-  axes = checkpoints.read_meta(step_dir).get("param_logical_axes", {})
-  arrays = {k[len("params/"):]: v for k, v in checkpoints.read_arrays(step_dir).items()
-            if k.startswith("params/")}
+  meta = checkpoints.read_meta(step_dir)
+  axes = meta.get("param_logical_axes", {})
+  saved = checkpoints.read_arrays(step_dir)
+  arrays = {k[len("params/"):]: v for k, v in saved.items() if k.startswith("params/")}
   width = max(len(name) for name in arrays)
   lines = [f"checkpoint {step_dir}: {len(arrays)} parameter arrays, "
            f"{sum(v.size for v in arrays.values()):,} elements, "
@@ -77,14 +80,23 @@ def show(model_dir: str, step: int | None) -> str:
     logical = "(" + ", ".join(a or "-" for a in axes.get(name, [])) + ")"
     lines.append(f"{name:<{width}}  {value.shape!s:<22} {value.dtype!s:<8} "
                  f"{logical:<36} {_bytes(value.nbytes):>10}")
-  scales = {name: v for name, v in arrays.items() if name.endswith("_scale")}
-  if scales:
-    lines += ["", "posterior standard deviation (softplus of *_scale) per weight:",
-              f"{'weight':<{width}}  {'mean':>10} {'min':>10} {'max':>10}"]
-    for name, value in scales.items():
-      stddev = np.logaddexp(0.0, value.astype(np.float64))
-      lines.append(f"{name[:-len('_scale')]:<{width}}  {stddev.mean():>10.4g} "
-                   f"{stddev.min():>10.4g} {stddev.max():>10.4g}")
+  ivon = meta.get(IVON_META)
+  if ivon:  # the posterior is the optimizer's: stddev from its Hessian estimate
+    title = (f"posterior standard deviation (IVON: 1/sqrt(ess * (hessian + weight_decay)), "
+             f"ess={ivon['ess']:.6g}, weight_decay={ivon['weight_decay']:.6g}) per weight:")
+    prefix = "opt_state/hessian/"
+    stddevs = {k[len(prefix):]: 1.0 / np.sqrt(ivon["ess"] * (v.astype(np.float64)
+                                                             + ivon["weight_decay"]))
+               for k, v in saved.items() if k.startswith(prefix)}
+  else:
+    title = "posterior standard deviation (softplus of *_scale) per weight:"
+    stddevs = {name[:-len("_scale")]: np.logaddexp(0.0, v.astype(np.float64))
+               for name, v in arrays.items() if name.endswith("_scale")}
+  if stddevs:
+    lines += ["", title, f"{'weight':<{width}}  {'mean':>10} {'min':>10} {'max':>10}"]
+    for name, stddev in stddevs.items():
+      lines.append(f"{name:<{width}}  {stddev.mean():>10.4g} {stddev.min():>10.4g} "
+                   f"{stddev.max():>10.4g}")
   return "\n".join(lines)
 
 

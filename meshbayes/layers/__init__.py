@@ -50,6 +50,7 @@ from meshbayes.layers.priors import (
                                     normal_kl,
 )
 from meshbayes.layers.variational import SAMPLE_RNG, sample_weights
+from meshbayes.layers.weight_posterior import WeightPosterior, holds_posterior, posterior_mean
 from meshbayes.layers.variational_dropout import (
                                     ConvVariationalDropout,
                                     DenseVariationalDropout,
@@ -89,6 +90,7 @@ __all__ = [
                                     "Prior",
                                     "ScaleMixtureNormalPrior",
                                     "TrainableNormalPrior",
+                                    "WeightPosterior",
                                     "constant_stddev",
                                     "conv_class",
                                     "count_parameters",
@@ -97,11 +99,13 @@ __all__ = [
                                     "embed_class",
                                     "estimators",
                                     "fan_in_stddev",
+                                    "holds_posterior",
                                     "kl_penalty",
                                     "log_alpha",
                                     "log_uniform_kl",
                                     "moped_params",
                                     "normal_kl",
+                                    "posterior_mean",
                                     "sample_weights",
                                     "softplus_inverse",
                                     "sparsity",

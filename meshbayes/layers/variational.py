@@ -25,6 +25,7 @@ from meshbayes.layers.estimators import Normal
 from meshbayes.layers.initializers import softplus_inverse
 from meshbayes.layers.kl import KL_COLLECTION, KL_NAME
 from meshbayes.layers.priors import Prior
+from meshbayes.layers.weight_posterior import WeightPosterior
 
 Array = jax.Array
 Initializer = Callable[..., Any]
@@ -137,10 +138,11 @@ def sample_weights(params: Any, key: Array) -> dict[str, Any]:
   A model applied to the result at its posterior mean (``deterministic=True``)
   runs with the sampled weights, so one sample can serve many calls (the
   steps of a decode) while its noise is drawn once. Other parameters, and
-  boxes, are kept.
+  boxes, are kept. A ``WeightPosterior`` (a deterministic model's posterior,
+  e.g. IVON's) gives its own sample.
 
   Args:
-    params: a ``params`` collection of Bayesian layers.
+    params: a ``params`` collection of Bayesian layers, or a ``WeightPosterior``.
     key: PRNG key of the sample.
 
   Returns:
@@ -151,6 +153,8 @@ def sample_weights(params: Any, key: Array) -> dict[str, Any]:
   >>> bool(jnp.allclose(sample['dense']['kernel_loc'], 0.0, atol=1e-9))
   True
   """
+  if isinstance(params, WeightPosterior):
+    return params.sample(key)
   flat = traverse_util.flatten_dict(dict(params))
   out = {}
   for index, (path, value) in enumerate(sorted(flat.items())):

@@ -1,0 +1,77 @@
+"""A diagonal Gaussian over a whole parameter tree: a posterior held outside the layers.
+
+Bayesian layers keep their posterior in the parameters (``w_loc``,
+``w_scale``); a deterministic model trained by variational learning
+(``meshbayes.ivon``) keeps it beside them: its parameters are the mean and the
+optimizer's state gives the stddev. ``WeightPosterior`` is that posterior in
+the form evaluation takes in place of ``params``: ``sample_weights`` draws
+from either kind and ``posterior_mean`` gives either kind's mean, so scoring,
+model-averaged decoding and the uncertainty measures run unchanged.
+
+>>> posterior = WeightPosterior(mean={'w': jnp.zeros(3)}, stddev={'w': jnp.full(3, 1e-9)})
+>>> bool(jnp.allclose(posterior.sample(jax.random.key(0))['w'], 0.0, atol=1e-6))
+True
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from meshbayes.layers.estimators import standard_normal
+
+Array = jax.Array
+
+
+def path_key(key: Array, path: tuple[Any, ...]) -> Array:
+  """``key`` folded with a leaf's tree path (crc32, not ``hash``: Python salts string hashes)."""
+  return jax.random.fold_in(key, zlib.crc32(jax.tree_util.keystr(path).encode()) & 0x7FFFFFFF)
+
+
+def scaled_normal(key: Array, stddev: Any) -> Any:
+  """``stddev * N(0, 1)`` in float32, each leaf with its own key folded from its path.
+
+  Inside ``jit`` a sharded leaf is drawn shard by shard on its devices, with
+  the same values on any mesh (jax's partitionable threefry).
+  """
+  return jax.tree_util.tree_map_with_path(
+      lambda path, s: s * standard_normal(path_key(key, path), s.shape), stddev)
+
+
+def perturb(params: Any, noise: Any) -> Any:
+  """``params + noise``, added in float32 and cast back to each parameter's dtype."""
+  return jax.tree.map(lambda p, n: (p.astype(jnp.float32) + n).astype(p.dtype), params, noise)
+
+
+class WeightPosterior(NamedTuple):
+  """``N(mean, stddev^2)`` per weight; a weight sample is ``mean + stddev * eps``.
+
+  A pytree: ``jit`` takes it as ``params`` are taken, shardings included.
+  """
+
+  mean: Any
+  stddev: Any
+
+  def sample(self, key: Array) -> Any:
+    """One weight sample, in the parameters' dtypes (leaf noise keyed by its tree path)."""
+    return perturb(self.mean, scaled_normal(key, self.stddev))
+
+  def samples(self, key: Array, num_samples: int) -> Any:
+    """``num_samples`` weight samples stacked on a leading axis (that many copies in memory:
+    for a large model, call ``sample`` per key)."""
+    if num_samples < 1:
+      raise ValueError(f"WeightPosterior.samples: num_samples={num_samples!r} must be >= 1")
+    return jax.lax.map(self.sample, jax.random.split(key, num_samples))
+
+
+def posterior_mean(params: Any) -> Any:
+  """The weights to use at the posterior mean: ``params`` itself, or a ``WeightPosterior``'s mean."""
+  return params.mean if isinstance(params, WeightPosterior) else params
+
+
+def holds_posterior(params: Any) -> bool:
+  """Whether ``params`` is a ``WeightPosterior`` (weights can be sampled from it)."""
+  return isinstance(params, WeightPosterior)
