@@ -21,6 +21,7 @@ from jax.sharding import NamedSharding
 
 from meshbayes import ivon as ivon_lib
 from meshbayes.ivon import IVON
+from meshbayes.optimizers import Optimizer
 from meshbayes.models.base import LOSS, BaseModel, per_loss_unit
 from meshbayes.partitioning import Partitioner
 
@@ -165,6 +166,32 @@ class StepFunctions:
   def __post_init__(self):
     if self.num_microbatches < 1:
       raise ValueError(f"num_microbatches={self.num_microbatches!r} must be >= 1")
+
+  @classmethod
+  def build(cls, model: BaseModel, optimizer: Optimizer, kl_weight: Callable[[Array], Array],
+            seed: int = 0, num_microbatches: int = 1) -> StepFunctions:
+    """The steps of ``model`` under ``optimizer``'s settings, as the trainer runs them.
+
+    IVON's ``ess`` defaults to the model's ``num_train_units``.
+
+    Raises:
+      ValueError: IVON with a Bayesian-layer model (two posteriors over the same
+        weights), or no ``ess`` to be had.
+    """
+    if optimizer.ivon is not None:
+      if model.is_bayesian:
+        raise ValueError("train: optimizers.Optimizer.name='ivon' learns a posterior over a "
+                         "deterministic model's weights, but this model has Bayesian layers; "
+                         "set every estimator to 'deterministic' (models/deterministic.gin) "
+                         "or use another optimizer")
+      units = getattr(model, "num_train_units", None)
+      if optimizer.ivon.ess is None and units is None:
+        raise ValueError(f"train: IVON needs ess: set optimizers.IVON.ess (the model "
+                         f"{type(model).__name__} has no num_train_units to take it from)")
+      optimizer = optimizer.with_ess(units)
+    return cls(model=model, optimizer=optimizer.transformation(seed=seed),
+               learning_rate=optimizer.learning_rate, kl_weight=kl_weight, seed=seed,
+               num_microbatches=num_microbatches, ivon=optimizer.ivon)
 
   def train_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, Array]]:
     """One optimizer step on a global batch; returns the new state and scalar metrics.

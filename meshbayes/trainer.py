@@ -180,27 +180,6 @@ def _lock_model_dir(model_dir: epath.Path) -> RunLock | None:
   return lock
 
 
-def _with_ess(optimizer: Optimizer, model: BaseModel) -> Optimizer:
-  """``optimizer`` with IVON's ``ess`` defaulting to the model's ``num_train_units``.
-
-  Raises:
-    ValueError: IVON with a Bayesian-layer model (two posteriors over the same
-      weights), or no ``ess`` to be had.
-  """
-  if optimizer.ivon is None:
-    return optimizer
-  if model.is_bayesian:
-    raise ValueError("train: optimizers.Optimizer.name='ivon' learns a posterior over a "
-                     "deterministic model's weights, but this model has Bayesian layers; set "
-                     "every estimator to 'deterministic' (models/deterministic.gin) or use "
-                     "another optimizer")
-  units = getattr(model, "num_train_units", None)
-  if optimizer.ivon.ess is None and units is None:
-    raise ValueError(f"train: IVON needs ess: set optimizers.IVON.ess (the model "
-                     f"{type(model).__name__} has no num_train_units to take it from)")
-  return optimizer.with_ess(units)
-
-
 def _check_positive_int(name: str, value: Any, allow_zero: bool = False) -> None:
   if not isinstance(value, int) or isinstance(value, bool) or value < (0 if allow_zero else 1):
     kind = "non-negative" if allow_zero else "positive"
@@ -258,13 +237,10 @@ def train(*, model_dir: str, model: BaseModel, data: TaskData, train_steps: int,
   _check_positive_int("eval_period", eval_period, allow_zero=True)
   if keep_checkpoints is not None:
     _check_positive_int("keep_checkpoints", keep_checkpoints)
-  optimizer = _with_ess(optimizer, model)
+  steps = StepFunctions.build(model, optimizer, kl_weight, seed, num_microbatches)
   model_dir = _make_model_dir(model_dir)
   vocabulary = _check_vocabulary(model, data)
   partitioner = partitioner or Partitioner()
-  steps = StepFunctions(model=model, optimizer=optimizer.transformation(seed=seed),
-                        learning_rate=optimizer.learning_rate, kl_weight=kl_weight, seed=seed,
-                        num_microbatches=num_microbatches, ivon=optimizer.ivon)
   abstract = abstract_state(model, steps, data.input_shapes())
   shardings = partitioner.shardings(abstract)
   with contextlib.ExitStack() as cleanup:

@@ -55,7 +55,8 @@ class StepSpec:
     batch_size: global batch (sequences per step).
     input_length: encoder tokens per sequence.
     target_length: decoder tokens per sequence.
-    optimizer: ``adamw``, ``adafactor`` or ``sgd`` (``meshbayes.optimizers``).
+    optimizer: ``adamw``, ``adafactor``, ``sgd`` or ``ivon`` (``meshbayes.optimizers``;
+      ``ivon`` with ``deterministic``).
     num_microbatches: gradient accumulation steps within the step.
     partitioning: rule preset (``data_only``, ``megatron``, ``fsdp_tp``).
     model_parallel: size of the ``model`` mesh axis (capped at the device
@@ -126,10 +127,8 @@ class StepSpec:
 def build_steps(spec: StepSpec) -> tuple[EncoderDecoderModel, StepFunctions]:
   """The model and the trainer's step functions for ``spec``, built as ``meshbayes.train`` does."""
   model = EncoderDecoderModel(spec.config(), num_train_units=spec.num_train_units)
-  optimizer = Optimizer(name=spec.optimizer)
-  steps = StepFunctions(model=model, optimizer=optimizer.transformation(),
-                        learning_rate=optimizer.learning_rate, kl_weight=KLWeight(),
-                        num_microbatches=spec.num_microbatches)
+  steps = StepFunctions.build(model, Optimizer(name=spec.optimizer), KLWeight(),
+                              num_microbatches=spec.num_microbatches)
   return model, steps
 
 

@@ -20,6 +20,9 @@ def test_every_section_reports_its_ratios(tmp_path):
   step = report["step"]
   assert step["efficiency_quotient"] == step["time_ratio"] / step["flop_ratio"]
   assert step["flops"]["bayesian"]["matmul"] > step["flops"]["deterministic"]["matmul"] > 0
+  # IVON's step: AdamW's matmuls on the same model (the noise and updates are elementwise).
+  assert step["flops"]["ivon"]["matmul"] == step["flops"]["deterministic"]["matmul"]
+  assert step["ivon_time_ratio"] == step["seconds"]["ivon"] / step["seconds"]["deterministic"]
   layers = report["layers"]["default"]
   # The compiled programs' matmul floors: one extra matmul per Flipout / LR layer.
   assert abs(layers["matmul_flop_ratio"]["flipout"] - 2.0) < 0.01
