@@ -37,22 +37,30 @@ EXPERIMENT_DIR := runs/experiment
 EXPERIMENT_STEPS ?= 4000
 EXPERIMENT_EVAL_BATCHES ?= 16
 EXPERIMENT_OOD_EXAMPLES ?= 512
-# $(call compare,DIR,STEPS,EVAL_BATCHES,OOD_EXAMPLES): train, evaluate and tabulate both models.
+# The models compared (gin_configs/examples/tatoeba_enfr_tiny_$(model).gin each): `make demo
+# COMPARE_MODELS="deterministic bayesian ivon"` adds IVON.
+COMPARE_MODELS ?= deterministic bayesian
+comma := ,
+empty :=
+space := $(empty) $(empty)
+# $(call compare,DIR,STEPS,EVAL_BATCHES,OOD_EXAMPLES): train, evaluate and tabulate the models.
 define compare
 	rm -rf $(1)
-	for model in deterministic bayesian; do \
+	for model in $(COMPARE_MODELS); do \
 	  $(PY) -m meshbayes.train --gin_file=gin_configs/examples/tatoeba_enfr_tiny_$$model.gin \
 	    --gin.MODEL_DIR="'$(1)/$$model'" --gin.TRAIN_STEPS=$(2) --gin.train.log_period=100 \
 	    || exit 1; \
 	done
-	for model in deterministic bayesian; do \
+	for model in $(COMPARE_MODELS); do \
 	  $(PY) -m meshbayes.eval --gin_file=runs/eval.gin --gin_file=tasks/tatoeba_enfr.gin \
 	    --gin.MODEL_DIR="'$(1)/$$model'" --gin.BATCH_SIZE=64 --gin.evaluate.split="'test'" \
 	    --gin.data.TaskData.max_eval_batches=$(3) --gin.evaluate.max_ood_examples=$(4) \
 	    || exit 1; \
 	done
-	$(PY) -m meshbayes.tools.compare_runs --task=tatoeba_enfr $(1)/deterministic $(1)/bayesian \
-	  --names=deterministic,Bayesian --markdown=$(1)/table.md --plot=$(1)/reliability.png
+	$(PY) -m meshbayes.tools.compare_runs --task=tatoeba_enfr \
+	  $(foreach model,$(COMPARE_MODELS),$(1)/$(model)) \
+	  --names=$(subst $(space),$(comma),$(COMPARE_MODELS)) --markdown=$(1)/table.md \
+	  --plot=$(1)/reliability.png
 endef
 
 demo: data
@@ -124,6 +132,9 @@ scaling-full: $(STAMP)
 	$(SCALING) --model=paper --topologies=v2:16x16 --remat=full --search_layers=6,12 \
 	  --title="Largest Bayesian Transformer on v2-512 (AdamW, rematerialized)" \
 	  --json=docs/scaling/search_v2.json
+	$(SCALING) --model=paper --topologies=v2:8x8,v2:16x16 --deterministic --optimizer=ivon \
+	  --title="paper preset on TPUv2: the deterministic model trained by IVON" \
+	  --json=docs/scaling/paper_v2_ivon.json
 	$(SCALING) --model=paper --topologies=v4:8x8x8 --remat=full --search_layers=6,12 \
 	  --title="Largest Bayesian Transformer on v4-512 (AdamW, rematerialized)" \
 	  --json=docs/scaling/search_v4.json

@@ -74,7 +74,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   parser.add_argument("--batch_size", type=int, default=256, help="global batch (sequences)")
   parser.add_argument("--input_length", type=int, default=256)
   parser.add_argument("--target_length", type=int, default=256)
-  parser.add_argument("--optimizer", default="adamw", help="adamw, adafactor or sgd")
+  parser.add_argument("--optimizer", default="adamw", help="adamw, adafactor, sgd or ivon (ivon with --deterministic)")
   parser.add_argument("--remat", choices=("none", "full", "minimal"), default=None,
                       help="rematerialization policy (default: the preset's)")
   parser.add_argument("--num_microbatches", type=int, default=1)
