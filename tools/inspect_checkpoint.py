@@ -32,6 +32,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import numpy as np
 
 from meshbayes import checkpoint_integrity, checkpoints
+from meshbayes.layers.variational import posterior_part
 from meshbayes.optimizers import IVON_META
 
 
@@ -91,7 +92,8 @@ def show(model_dir: str, step: int | None) -> str:
   else:
     title = "posterior standard deviation (softplus of *_scale) per weight:"
     stddevs = {name[:-len("_scale")]: np.logaddexp(0.0, v.astype(np.float64))
-               for name, v in arrays.items() if name.endswith("_scale")}
+               for name, v in arrays.items()
+               if posterior_part(name.rsplit("/", 1)[-1]) is not None and name.endswith("_scale")}
   if stddevs:
     lines += ["", title, f"{'weight':<{width}}  {'mean':>10} {'min':>10} {'max':>10}"]
     for name, stddev in stddevs.items():

@@ -9,6 +9,8 @@ from typing import Any
 import jax
 from flax import linen as nn
 
+from meshbayes.layers.variational import posterior_part
+
 
 @dataclasses.dataclass(frozen=True)
 class ParameterCounts:
@@ -44,8 +46,9 @@ def count_parameters(params: Any) -> ParameterCounts:
   for path, leaf in jax.tree_util.tree_flatten_with_path(nn.unbox(params))[0]:
     name, size = str(getattr(path[-1], "key", path[-1])), math.prod(leaf.shape)
     total += size
-    if name.endswith("_loc"):
+    part = posterior_part(name)
+    if part and part[1] == "loc":
       bayesian += size
-    elif not name.endswith(("_scale", "_log_sigma2")) and "_prior_" not in name:
+    elif not part and not name.endswith("_log_sigma2") and "_prior_" not in name:
       point += size
   return ParameterCounts(total, bayesian, point)

@@ -16,8 +16,9 @@ from flax import traverse_util
 from flax.core import meta
 
 from meshbayes.layers.initializers import softplus_inverse
+from meshbayes.layers.variational import posterior_part
 
-_LOC, _SCALE = "_loc", "_scale"
+_SCALE = "_scale"
 
 
 def _unbox(x: Any) -> Any:
@@ -30,10 +31,8 @@ def _rebox(like: Any, value: Any) -> Any:
 
 def _twin(key: tuple[str, ...]) -> tuple[tuple[str, ...], str] | None:
   """For ``(..., 'kernel_loc')`` returns ``((..., 'kernel'), '_loc')``; None otherwise."""
-  for suffix in (_LOC, _SCALE):
-    if key[-1].endswith(suffix):
-      return key[:-1] + (key[-1][:-len(suffix)],), suffix
-  return None
+  part = posterior_part(key[-1])
+  return (key[:-1] + (part[0],), f"_{part[1]}") if part else None
 
 
 def moped_params(bayesian_params: Mapping[str, Any], deterministic_params: Mapping[str, Any],

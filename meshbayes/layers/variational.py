@@ -32,6 +32,26 @@ Initializer = Callable[..., Any]
 Axes = Sequence[str | None] | None
 
 SAMPLE_RNG = "sample"
+_PRIOR_INFIX = "_prior_"
+
+
+def posterior_part(name: str) -> tuple[str, str] | None:
+  """The weight and role of a variational parameter's name, None for any other parameter.
+
+  ``'kernel_loc'`` gives ``('kernel', 'loc')`` and ``'kernel_scale'``
+  ``('kernel', 'scale')``. A prior's trainable scalars (``kernel_prior_loc``,
+  empirical Bayes) are point estimates: None, so they are neither sampled
+  nor counted as weights.
+
+  >>> posterior_part('kernel_scale'), posterior_part('kernel_prior_loc'), posterior_part('bias')
+  (('kernel', 'scale'), None, None)
+  """
+  if _PRIOR_INFIX in name:
+    return None
+  for role in ("loc", "scale"):
+    if name.endswith("_" + role):
+      return name[:-len(role) - 1], role
+  return None
 
 
 def _unbox(value: Any) -> Any:
@@ -138,7 +158,7 @@ def sample_weights(params: Any, key: Array) -> dict[str, Any]:
   A model applied to the result at its posterior mean (``deterministic=True``)
   runs with the sampled weights, so one sample can serve many calls (the
   steps of a decode) while its noise is drawn once. Other parameters, and
-  boxes, are kept. A ``WeightPosterior`` (a deterministic model's posterior,
+  boxes, are kept (a prior's trainable scalars included). A ``WeightPosterior`` (a deterministic model's posterior,
   e.g. IVON's) gives its own sample.
 
   Args:
@@ -158,8 +178,9 @@ def sample_weights(params: Any, key: Array) -> dict[str, Any]:
   flat = traverse_util.flatten_dict(dict(params))
   out = {}
   for index, (path, value) in enumerate(sorted(flat.items())):
-    scale = path[:-1] + (path[-1].removesuffix("_loc") + "_scale",)
-    if path[-1].endswith("_loc") and scale in flat:
+    part = posterior_part(path[-1])
+    scale = path[:-1] + (f"{part[0]}_scale",) if part else None
+    if part and part[1] == "loc" and scale in flat:
       posterior = Normal(_unbox(value), jax.nn.softplus(_unbox(flat[scale])))
       sample = posterior.sample(jax.random.fold_in(key, index))
       value = value.replace_boxed(sample) if isinstance(value, meta.AxisMetadata) else sample

@@ -108,6 +108,18 @@ def test_trainable_prior_initializes_and_records_its_kl_under_jit():
   assert np.isfinite(kl) and kl > 0
 
 
+def test_a_trainable_prior_is_a_point_estimate_neither_sampled_nor_counted_as_weights():
+  layer = layers.DenseFlipout(features=3, prior=layers.TrainableNormalPrior(init_stddev=0.5))
+  params = nn.unbox(layer.init(jax.random.key(0), jnp.ones((2, 4)))["params"])
+  sample = layers.sample_weights(params, jax.random.key(1))
+  for name in ("kernel_prior_loc", "kernel_prior_scale", "kernel_scale"):
+    np.testing.assert_array_equal(sample[name], params[name])
+  assert float(jnp.abs(sample["kernel_loc"] - params["kernel_loc"]).max()) > 0
+  counts = layers.count_parameters(params)
+  # 4x3 kernel and 3 biases (Flipout's bias is a point weight), 2 prior scalars.
+  assert (counts.bayesian_weights, counts.point_weights, counts.total) == (12, 3, 29)
+
+
 class TwoLayers(nn.Module):
   @nn.compact
   def __call__(self, x):
