@@ -86,6 +86,12 @@ class _Linear(nn.Module):
     prior: prior of every Bayesian weight of the layer (default N(0, 1)).
     deterministic: use the posterior mean instead of sampling; the call
       argument overrides it.
+    one_sample_per_example: Flipout only: draw the signs per example and share
+      them over the positions (the input axes between the batch and the
+      contracted ones), so each example (a sentence) sees one weight sample at
+      all its positions, as ``sample_weights`` gives at prediction; False draws
+      them per position. Reparameterization always shares one sample; local
+      reparameterization samples per position by construction and refuses it.
   """
 
   features: int | Sequence[int]
@@ -102,6 +108,7 @@ class _Linear(nn.Module):
   bayesian_bias: bool = False
   prior: Prior = NormalPrior()
   deterministic: bool | None = None
+  one_sample_per_example: bool = False
 
   estimator: ClassVar[str | None]
 
@@ -124,6 +131,14 @@ class _Linear(nn.Module):
       raise ValueError(f"{type(self).__name__} {self.name!r}: features={self.features!r} "
                        "must be a positive int or a tuple of them")
     axis = tuple(a % inputs.ndim for a in self._contracting_axes())
+    per_example = self.one_sample_per_example and self.estimator == "flipout"
+    if self.one_sample_per_example and self.estimator == "local_reparameterization":
+      raise ValueError(f"{type(self).__name__} {self.name!r}: one_sample_per_example=True "
+                       "needs a weight sample, but local reparameterization samples each "
+                       "output; use Flipout or reparameterization")
+    if per_example and axis != tuple(range(inputs.ndim - len(axis), inputs.ndim)):
+      raise ValueError(f"{type(self).__name__} {self.name!r}: one_sample_per_example=True "
+                       f"needs the contracted axes last, not axis={axis}")
     kernel_shape = tuple(inputs.shape[a] for a in axis) + features
     flat_kernel = lambda s: (math.prod(s[:len(axis)]), math.prod(s[len(axis):]))
     loc_init = reshaped_init(self.kernel_init, flat_kernel)
@@ -163,8 +178,12 @@ class _Linear(nn.Module):
     if not bayesian or use_posterior_mean(self, deterministic):
       outputs = estimators.posterior_mean(contract, inputs, kernel, bias)
     else:
-      outputs = estimators.DENSE[self.estimator](self.make_rng("sample"), contract, inputs,
-                                                 kernel, bias, constrain_like(kernel_box))
+      estimator = estimators.DENSE[self.estimator]
+      if per_example:  # batch axis 0, then the positions, in inputs and outputs alike
+        estimator = functools.partial(
+            estimator, shared_axes=tuple(range(1, inputs.ndim - len(axis))))
+      outputs = estimator(self.make_rng("sample"), contract, inputs, kernel, bias,
+                          constrain_like(kernel_box))
     if deterministic_bias is not None:
       outputs = outputs + deterministic_bias.astype(dtype)
     return outputs

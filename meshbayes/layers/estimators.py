@@ -3,20 +3,34 @@
 Each estimator is a pure function of a PRNG key, a ``contract`` function (the
 layer's linear map, ``contract(inputs, kernel, preferred_element_type=None)``),
 the inputs, the kernel's posterior ``Normal(loc, stddev)`` and optionally a
-Bayesian bias's. All of them give every example outputs with mean
-``contract(x, loc) + bias.loc`` and variance
-``contract(x * x, stddev^2) + bias.stddev^2``; they differ in how the outputs
-of different examples are correlated, which sets the variance of the gradient:
+Bayesian bias's. All of them give every output the same marginal: mean
+``contract(x, loc) + bias.loc`` and variance ``contract(x * x, stddev^2) +
+bias.stddev^2``. They differ in which outputs share a weight sample, and that
+is more than the variance of the gradient once an example has several
+positions (a sentence's tokens):
 
 - ``reparameterization``: one kernel ``loc + stddev * eps`` (and one bias) per
-  call, shared by the whole batch: examples fully correlated.
-- ``flipout`` (Wen et al., 2018): one ``eps`` per call, decorrelated across
-  examples by Rademacher signs: ``x @ loc + ((x * s) @ (stddev * eps)) * r``
-  with ``s``, ``r`` in {-1, +1}, drawn per example and per position.
+  call, shared by the whole batch: every position of every example sees the
+  same weights.
+- ``flipout`` (Wen et al., 2018): one ``eps`` per call, decorrelated by
+  Rademacher signs: ``x @ loc + ((x * s) @ (stddev * eps)) * r``. With signs
+  per example and position (the default) each position of a sentence sees
+  its own pseudo-independent weight sample; with ``shared_axes`` over the
+  positions, each example sees one sample ``loc + stddev * eps * s r^T`` at all
+  its positions.
 - ``local_reparameterization`` (Kingma et al., 2015): samples each
-  pre-activation from its exact Gaussian, independently per example.
+  pre-activation from its exact Gaussian, independently per example and per
+  position: inherently a sample per position, never a weight sample shared
+  by a sentence.
 - ``conv_flipout``: Flipout for a convolution, signs per example and channel
   shared over spatial positions, so each example sees one kernel sample.
+
+Per-position noise trains a different objective from the one prediction
+uses: ``sample_weights`` (model-averaged decoding, scoring, the ELBO on
+validation) draws one set of weights per sequence, so the likelihood it
+averages is ``E_w[p(y_1..y_T | x, w)]`` with one ``w`` per sentence, while
+per-position noise averages over a ``w_t`` per token. Reparameterization
+and per-example Flipout train the former.
 
 Compute happens in ``inputs.dtype`` (bf16 allowed). ``loc`` and ``stddev``
 stay in their (float32) dtype until a kernel is formed, so small perturbations

@@ -235,3 +235,33 @@ def test_sampled_weights_have_the_posterior_moments_and_keep_other_parameters():
   kernel = f64(draws["kernel_loc"]).reshape(NUM_SAMPLES, -1)
   correlation = np.corrcoef(kernel, rowvar=False)[np.triu_indices(kernel.shape[1], 1)]
   assert np.abs(correlation).max() < Z / math.sqrt(NUM_SAMPLES)
+
+
+@pytest.mark.parametrize("cls_name", ["DenseFlipout", "DenseGeneralFlipout"])
+def test_flipout_one_sample_per_example_is_a_weight_sample_shared_by_the_positions(cls_name):
+  """With ``one_sample_per_example`` each example of a (batch, length, d) input
+  sees one weight sample at all its positions: its outputs are exactly linear in
+  its inputs (positions 0..5 are the basis vectors, which read off the sampled
+  kernel; position 6 is a random vector, whose output must be that kernel
+  applied to it), identical inputs at two positions give identical outputs, and
+  examples stay decorrelated with the posterior's marginal moments."""
+  layer = getattr(layers, cls_name)(features=4, one_sample_per_example=True)
+  x_one = jnp.concatenate([jnp.eye(6), jax.random.normal(jax.random.key(0), (2, 6))])
+  x_one = x_one.at[7].set(x_one[6])  # positions 6 and 7: the same input
+  x = jnp.stack([x_one, x_one])  # (2 examples, 8 positions, 6)
+  params = randomize_posterior(layer.init(jax.random.key(0), x)["params"], jax.random.key(2))
+  samples = draw(layer, params, x) - f64(params["bias"])  # (N, 2, 8, 4)
+  kernels = samples[:, :, :6]  # each example's sampled kernel, (N, 2, 6, 4)
+  np.testing.assert_allclose(samples[:, :, 6], np.einsum("d,nbdf->nbf", f64(x_one[6]), kernels),
+                             atol=1e-4)
+  np.testing.assert_array_equal(samples[:, :, 6], samples[:, :, 7])
+  loc, sd = f64(params["kernel_loc"]), f64(stddev(params["kernel_scale"]))
+  assert_moments(kernels[:, 0], loc, sd ** 2)
+  other_example = correlation(samples[:, 0, 6], samples[:, 1, 6])
+  assert np.abs(other_example).max() < Z / math.sqrt(NUM_SAMPLES), other_example
+
+
+def test_one_sample_per_example_is_refused_by_local_reparameterization():
+  layer = layers.DenseLocalReparameterization(features=2, one_sample_per_example=True)
+  with pytest.raises(ValueError, match="local reparameterization samples each output"):
+    layer.init(jax.random.key(0), jnp.ones((1, 2, 3)))
