@@ -4,7 +4,7 @@
   weighted ECE, Brier, NLL, accuracy) of the posterior mean or of the model
   average over ``S`` weight samples; the statistics are summed on device.
 * ``decode_and_score``: decodes inputs, then scores each output under the
-  predictive distribution, giving its probability (sequence confidence) and
+  predictive distribution that decoded it (the same weight samples), giving its probability (sequence confidence) and
   its per-token predictive entropy and mutual information (epistemic
   uncertainty), averaged over the output's tokens.
 * ``sequence_metrics`` and ``ood_report`` turn those records into BLEU,
@@ -142,7 +142,8 @@ def decode_and_score(model: BaseModel, params: Any, input_batches: Iterable[np.n
                      partitioner: Partitioner, predictive: Predictive, rng: jax.Array,
                      max_length: int, eos_id: int, **decode_kwargs: Any) -> list[Decoded]:
   """Decodes each row of ``input_batches`` (``(batch, input length)`` token ids, all-zero
-  rows skipped) and scores the outputs under the same predictive distribution.
+  rows skipped) and scores the outputs under the same predictive distribution: for a
+  model average, under the very weight samples that decoded them.
 
   Args:
     model: the model.
@@ -168,12 +169,12 @@ def decode_and_score(model: BaseModel, params: Any, input_batches: Iterable[np.n
   records = []
   with partitioner.activation_rules():
     for i, inputs in enumerate(input_batches):
-      decode_rng, score_rng = jax.random.split(jax.random.fold_in(rng, i))
+      key = jax.random.fold_in(rng, i)  # decode and score under the same weight samples
       tokens, _ = decode(params, partitioner.global_batch({"encoder_input_tokens": inputs}),
-                         decode_rng)
+                         key)
       outputs = [until_eos(row, eos_id) for row in jax.device_get(tokens)]
       batch = dict(_as_targets(outputs, max_length, eos_id), encoder_input_tokens=inputs)
-      log_probs, aux = jax.device_get(score(params, partitioner.global_batch(batch), score_rng))
+      log_probs, aux = jax.device_get(score(params, partitioner.global_batch(batch), key))
       counts = batch["decoder_loss_weights"].sum(-1)
       information = aux.get("token_mutual_information", np.zeros_like(aux["token_entropy"]))
       for row in np.flatnonzero(inputs.any(-1)):

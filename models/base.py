@@ -109,4 +109,9 @@ class BaseModel(abc.ABC):
   @abc.abstractmethod
   def predict_batch_with_aux(self, params: Any, batch: Batch, rng: Array | None = None,
                              **decode_kwargs: Any) -> tuple[Array, dict[str, Array]]:
-    """Decoded outputs and auxiliary values (scores, per-token probabilities)."""
+    """Decoded outputs and auxiliary values (scores, per-token probabilities).
+
+    With ``num_samples=S`` the weight samples are those ``score_batch`` draws
+    from the same ``rng``, so an output is scored under the posterior samples
+    that produced it.
+    """

@@ -48,6 +48,8 @@ from meshbayes.models.transformer import Transformer, TransformerConfig
 Array = jax.Array
 
 LOSS_NORMALIZATIONS = ("tokens", "examples")
+# fold_in data of the decoder's own randomness (sampling), apart from the weight samples.
+_DECODE_STREAM = 0x5EED
 
 
 def cross_entropy(logits: Array, targets: Array, label_smoothing: float = 0.0
@@ -221,7 +223,8 @@ class EncoderDecoderModel(BaseModel):
       params: the parameters.
       batch: needs ``encoder_input_tokens``; ``decoder_target_tokens`` sets the
         default ``max_length``.
-      rng: PRNG key (sampling, and weight samples when ``num_samples > 0``).
+      rng: PRNG key (sampling, and weight samples when ``num_samples > 0``: the
+        same samples as ``score_batch`` with this ``rng``).
       method: ``beam``, ``greedy`` or ``sample``.
       beam_size: beams (``beam``).
       alpha: length penalty exponent (``beam``).
@@ -245,8 +248,9 @@ class EncoderDecoderModel(BaseModel):
     batch_size = inputs.shape[0]
     max_length = max_length or batch["decoder_target_tokens"].shape[-1]
     rng = jax.random.key(0) if rng is None else rng
-    weights_rng, decode_rng = jax.random.split(rng)
-    step_fn, reorder, cache = self.incremental_decoder(params, inputs, max_length, weights_rng,
+    # The weight samples are score_batch's for the same rng; sampling's keys are apart.
+    decode_rng = jax.random.fold_in(rng, _DECODE_STREAM)
+    step_fn, reorder, cache = self.incremental_decoder(params, inputs, max_length, rng,
                                                        num_samples)
     common = dict(batch_size=batch_size, max_length=max_length, eos_id=self.eos_id,
                   vocab_mask=jnp.arange(self.config.vocab_size) != 0)

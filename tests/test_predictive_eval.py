@@ -69,10 +69,10 @@ def test_decode_and_score_reports_each_outputs_probability(setup):
   assert len(records) == 13  # padding rows skipped
   unboxed = nn.unbox(params)
   # Rescore the first batch's outputs with the model's own score_batch.
-  decode_rng, score_rng = jax.random.split(jax.random.fold_in(jax.random.key(1), 0))
-  tokens, _ = jax.jit(functools.partial(
+  key = jax.random.fold_in(jax.random.key(1), 0)  # decoded and scored with the same key
+  tokens, decoded = jax.jit(functools.partial(
       MODEL.predict_batch_with_aux, method="greedy", num_samples=2, max_length=LENGTH))(
-          unboxed, {"encoder_input_tokens": inputs[0]}, decode_rng)
+          unboxed, {"encoder_input_tokens": inputs[0]}, key)
   score = jax.jit(functools.partial(MODEL.score_batch, num_samples=2))
   for row in range(8):
     output = predictive_eval.until_eos(np.asarray(tokens[row]), EOS)
@@ -83,9 +83,11 @@ def test_decode_and_score_reports_each_outputs_probability(setup):
     batch = {"encoder_input_tokens": inputs[0][row:row + 1], "decoder_target_tokens": targets,
              "decoder_input_tokens": np.pad(targets[:, :-1], [(0, 0), (1, 0)]),
              "decoder_loss_weights": (targets > 0).astype(np.float32)}
-    log_prob, aux = score(unboxed, batch, score_rng)
+    log_prob, aux = score(unboxed, batch, key)
     # Each row's weight samples come from the same key, so a row scores alike alone.
     np.testing.assert_allclose(records[row].log_prob, float(log_prob[0]), rtol=1e-4)
+    # ... and the score is the one the decoder's weight samples gave the output.
+    np.testing.assert_allclose(records[row].log_prob, float(decoded["scores"][row]), rtol=1e-4)
     assert records[row].num_tokens == len(ids)
     np.testing.assert_allclose(records[row].mutual_information,
                                float(aux["token_mutual_information"].sum()) / len(ids),

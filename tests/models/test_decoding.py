@@ -165,7 +165,8 @@ def test_incremental_logits_equal_teacher_forced_logits(scan_layers, num_samples
 def test_transformer_beam_search_is_exact_when_exhaustive(num_samples):
   """Vocabulary of 6 (4 free tokens, EOS, padding), up to 2 tokens, beam 6: every
   sequence is considered, so beam search returns the brute-force best under
-  the posterior mean or the 3-sample model average."""
+  the posterior mean or the 3-sample model average, and its score is the one
+  ``score_batch`` gives that output under the same rng (the same weight samples)."""
   model, params, batch = tiny_model()
   batch = {k: v[:1] for k, v in batch.items()}
   rng = jax.random.key(11)
@@ -178,8 +179,8 @@ def test_transformer_beam_search_is_exact_when_exhaustive(num_samples):
                  decoder_input_tokens=jnp.concatenate([jnp.zeros((5, 1), jnp.int32),
                                                        targets[:, :1]], 1),
                  decoder_loss_weights=(targets > 0).astype(jnp.float32))
-  log_probs, _ = jitted(model.score_batch, num_samples=num_samples)(
-      params, scoring, jax.random.split(rng)[0])
+  # Scored with the decode's own rng: the same weight samples that searched.
+  log_probs, _ = jitted(model.score_batch, num_samples=num_samples)(params, scoring, rng)
   lengths = np.array([1, 2, 2, 2, 2])
   scores = np.asarray(log_probs) / ((5 + lengths) / 6) ** 0.6
   best = int(np.argmax(scores))
