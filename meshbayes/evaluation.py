@@ -31,13 +31,19 @@ from meshbayes.partitioning import Partitioner
 
 
 def teacher_forced_metrics(eval_fn, params: Any, batches: Iterable[dict[str, np.ndarray]],
-                           partitioner: Partitioner) -> dict[str, float]:
-  """``eval_fn``'s metrics over ``batches``, weighted by their target tokens."""
+                           partitioner: Partitioner, rng: jax.Array | None = None
+                           ) -> dict[str, float]:
+  """``eval_fn``'s metrics over ``batches``, weighted by their target tokens.
+
+  ``eval_fn(params, batch)``, or ``eval_fn(params, batch, key)`` with a key per
+  batch folded from ``rng``.
+  """
   totals: dict[str, float] = {}
   num_tokens = 0.0
   with partitioner.activation_rules():
-    for batch in batches:
-      metrics = jax.device_get(eval_fn(params, partitioner.global_batch(batch)))
+    for i, batch in enumerate(batches):
+      keys = () if rng is None else (jax.random.fold_in(rng, i),)
+      metrics = jax.device_get(eval_fn(params, partitioner.global_batch(batch), *keys))
       tokens = float(metrics["num_tokens"])
       for name, value in metrics.items():
         totals[name] = totals.get(name, 0.0) + float(value) * tokens
@@ -127,15 +133,15 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
   params, step = restore_params(model_dir, model, data, partitioner, checkpoint_step)
   split = split or data.eval_split
   rng = jax.random.key(seed)
-  eval_fn = jax.jit(lambda p, b: model.eval_fn(p, b)[1], in_shardings=(
+  eval_fn = jax.jit(lambda p, b, k: model.eval_fn(p, b, k, num_samples)[1], in_shardings=(
       jax.tree.map(lambda x: x.sharding, params),
-      NamedSharding(partitioner.mesh, partitioner.batch_spec)))
+      NamedSharding(partitioner.mesh, partitioner.batch_spec), None))
   batches = list(progress(data.eval_batches(partitioner.data_layout(data.batch_size), split),
                           f"reading {data.task}/{split}"))
   result: dict[str, Any] = {"step": step, "task": data.task, "split": split,
                             "num_samples": num_samples}
   result.update(teacher_forced_metrics(eval_fn, params, progress(batches, "teacher-forced pass"),
-                                       partitioner))
+                                       partitioner, jax.random.fold_in(rng, 1)))
   variants = predictive_eval.predictives(model.is_bayesian or holds_posterior(params),
                                          num_samples)
   result["predictives"] = [v.name for v in variants]

@@ -89,9 +89,10 @@ class BaseModel(abc.ABC):
     return per_loss_unit(sums[LOSS], sums), self.metrics_from_sums(sums)
 
   @abc.abstractmethod
-  def eval_fn(self, params: Any, batch: Batch, rng: Array | None = None
+  def eval_fn(self, params: Any, batch: Batch, rng: Array | None = None, num_samples: int = 0
               ) -> tuple[Array, Metrics]:
-    """Teacher-forced evaluation loss and metrics (no dropout)."""
+    """Teacher-forced evaluation loss and metrics (no dropout); with ``num_samples``
+    weight samples from ``rng``, also the Monte Carlo ELBO of a model with a posterior."""
 
   @abc.abstractmethod
   def score_batch(self, params: Any, batch: Batch, rng: Array | None = None,

@@ -163,11 +163,31 @@ class EncoderDecoderModel(BaseModel):
                                          rngs={"dropout": dropout_rng, "sample": sample_rng})
     return self._sums(logits, total_kl(state), batch, kl_weight, self.label_smoothing)
 
-  def eval_fn(self, params, batch, rng=None):
-    """Posterior-mean teacher-forced loss (the ELBO with kl_weight 1) and metrics."""
-    del rng
+  def eval_fn(self, params, batch, rng=None, num_samples=0):
+    """Teacher-forced metrics at the posterior mean and, with ``num_samples``, the ELBO.
+
+    ``nll`` and ``accuracy`` are the posterior mean's; ``plugin_neg_elbo`` is
+    its NLL plus the KL per target token, a plug-in value, not the ELBO. With
+    ``num_samples=S`` and a posterior (Bayesian layers or a ``WeightPosterior``),
+    ``sampled_nll`` averages the NLL over ``S`` weight samples (``sample_weights``:
+    one sample per call, so each sequence sees one set of weights, as prediction
+    does) and ``neg_elbo = sampled_nll + KL / num_train_units``: the Monte Carlo
+    negative ELBO per target token. The loss returned is the plug-in value.
+    """
     logits, state = self._teacher_forced(posterior_mean(params), batch, deterministic=True)
-    metrics = self.metrics_from_sums(self._sums(logits, total_kl(state), batch, 1.0, 0.0))
+    sums = self._sums(logits, total_kl(state), batch, 1.0, 0.0)
+    metrics = self.metrics_from_sums(sums)
+    metrics["plugin_neg_elbo"] = metrics.pop("neg_elbo")
+    keys, mean = self._sample_keys(params, rng, num_samples)
+    if not mean:
+      def sampled_nll(total, key):
+        weights = sample_weights(params, key)
+        logits, _ = self._teacher_forced(weights, batch, deterministic=True)
+        return total + self._sums(logits, jnp.zeros(()), batch, 1.0, 0.0)["nll"], None
+
+      nll_sum = jax.lax.scan(sampled_nll, jnp.zeros((), jnp.float32), keys)[0] / len(keys)
+      metrics["sampled_nll"] = per_loss_unit(nll_sum, sums)
+      metrics["neg_elbo"] = metrics["sampled_nll"] + metrics["kl"] / self.num_train_units
     return metrics[LOSS], metrics
 
   def _sample_keys(self, params: Any, rng: Array | None, num_samples: int

@@ -80,6 +80,33 @@ def test_eval_fn_uses_the_posterior_mean():
   assert float(first[1]["kl"]) > 0  # the ELBO's KL is reported at evaluation too
 
 
+def test_eval_fn_monte_carlo_elbo_against_brute_force():
+  """neg_elbo: the mean over S weight samples (one per call: one per sequence) of the
+  NLL per token, plus KL / num_train_units; plugin_neg_elbo: the posterior mean's."""
+  model, params, batch = setup()
+  rng, num_samples = jax.random.key(4), 3
+  _, metrics = jax.jit(functools.partial(model.eval_fn, num_samples=num_samples))(
+      params, batch, rng)
+  targets, weights = np.asarray(batch["decoder_target_tokens"]), np.asarray(
+      batch["decoder_loss_weights"], np.float64)
+  nll = jax.jit(lambda p: -jnp.take_along_axis(jax.nn.log_softmax(model.module.apply(
+      {"params": p}, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
+      batch["decoder_target_tokens"], deterministic=True)), batch["decoder_target_tokens"][
+          ..., None], -1)[..., 0])
+  per_token = lambda p: float((np.asarray(nll(p), np.float64) * weights).sum() / weights.sum())
+  sampled = np.mean([per_token(layers.sample_weights(params, key))
+                     for key in jax.random.split(rng, num_samples)])
+  kl = float(metrics["kl"])
+  assert kl > 0 and targets.shape[0] == 3
+  np.testing.assert_allclose(metrics["sampled_nll"], sampled, rtol=1e-5)
+  np.testing.assert_allclose(metrics["neg_elbo"], sampled + kl / 500.0, rtol=1e-5)
+  np.testing.assert_allclose(metrics["plugin_neg_elbo"], per_token(layers.posterior_mean(params))
+                             + kl / 500.0, rtol=1e-5)
+  assert float(metrics["sampled_nll"]) != float(metrics["nll"])
+  # Without samples (the trainer's periodic evaluation), only the plug-in value.
+  assert "neg_elbo" not in jax.jit(model.eval_fn)(params, batch)[1]
+
+
 def test_bayesian_model_average_scores_against_brute_force():
   """score_batch with S samples: log of the mean of the S samples' token probabilities."""
   model, params, batch = setup()
