@@ -89,11 +89,12 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
              max_ood_examples: int = 1000, seed: int = 0) -> dict[str, Any]:
   """Evaluates a checkpoint on a split: quality, calibration and uncertainty.
 
-  Reports the posterior-mean teacher-forced metrics (NLL, accuracy, ELBO) and
-  token-level calibration; when decoding, BLEU (sacrebleu, detokenized text),
-  exact match and sequence-level calibration error; with out-of-distribution
-  inputs, the AUROC of telling them from the split's inputs by mutual
-  information and by predictive entropy. A Bayesian model is evaluated through
+  Reports the posterior-mean teacher-forced metrics (NLL, accuracy, the
+  plug-in and the Monte Carlo ELBO) and token-level calibration; when
+  decoding, BLEU (sacrebleu, detokenized text), exact match and
+  sequence-level calibration error; with out-of-distribution inputs, the AUROC
+  and FPR at 95% TPR of telling them from the split's inputs by each
+  uncertainty measure (``meshbayes.predictive``). A Bayesian model is evaluated through
   the model average of ``num_samples`` weight samples (the headline figures)
   and through its posterior mean.
 
@@ -218,8 +219,7 @@ def _decode_split(result: dict[str, Any], reliability: dict[str, dict[str, Any]]
     if jax.process_index() == 0:
       (out_dir / f"predictions_{variant.name}.jsonl").write_text("".join(
           json.dumps({"input": text, "target": reference, "prediction": prediction,
-                      "log_prob": r.log_prob, "entropy": r.entropy,
-                      "mutual_information": r.mutual_information}) + "\n"
+                      "log_prob": r.log_prob, **r.measures}) + "\n"
           for text, reference, prediction, r in rows))
   headline = result["decoding"][variants[0].name]
   result.update(bleu=headline["bleu"], sequence_accuracy=headline["exact_match"],

@@ -1,10 +1,31 @@
 """Monte Carlo predictive averaging and the uncertainty it measures.
 
 With ``S`` posterior samples of a classifier's log-probabilities
-``log p_s(y | x)`` (stacked on a leading axis), the Bayesian model average is
-``p(y | x) = (1/S) sum_s p_s(y | x)``. Its entropy (total uncertainty) splits
-into the mean entropy of the samples (aleatoric) and the mutual information
-between the prediction and the weights (epistemic).
+``log p_s(y | x)`` (stacked on a leading axis; weight samples, ensemble
+members or dropout masks alike), the Bayesian model average is
+``p(y | x) = (1/S) sum_s p_s(y | x)``. The measures of Malinin and Gales
+(ICLR 2021, "Uncertainty estimation in autoregressive structured
+prediction", Sections 3-4), all in nats, with ``pbar`` the average:
+
+Per token (the next-token distribution given the prefix; ``token_measures``):
+
+- ``total_uncertainty``: ``H[pbar]``.
+- ``data_uncertainty``: expected data uncertainty, ``mean_s H[p_s]``.
+- ``mutual_information``: ``H[pbar] - mean_s H[p_s]`` (knowledge uncertainty).
+- ``expected_pairwise_kl``: ``mean_{s,s'} KL(p_s || p_s')``.
+- ``reverse_mutual_information``: ``mean_s KL(pbar || p_s)``; and
+  ``expected_pairwise_kl = mutual_information + reverse_mutual_information``.
+
+Per sequence ``y`` of ``L`` tokens, two aggregations. Token level: the mean
+of the token measures over ``y``'s tokens (``y`` fed as the prefix). Sequence
+level (``sequence_measures``), from each sample's ``log P_s(y | x)``:
+``sequence_total_uncertainty = -(1/L) log mean_s P_s(y)``,
+``sequence_data_uncertainty = -(1/L) mean_s log P_s(y)`` and their
+difference ``sequence_reverse_mutual_information`` (>= 0): the Monte Carlo
+estimate of the sequence-level reverse mutual information with ``y`` drawn
+from the average, which is why the paper introduces that measure (the
+mutual information itself would need outputs drawn from every ``p_s``).
+Everything is length-normalized by ``L``.
 """
 
 from __future__ import annotations
@@ -16,6 +37,10 @@ import jax
 import jax.numpy as jnp
 
 Array = jax.Array
+TOKEN_MEASURES = ("total_uncertainty", "data_uncertainty", "mutual_information",
+                  "expected_pairwise_kl", "reverse_mutual_information")
+SEQUENCE_MEASURES = ("sequence_total_uncertainty", "sequence_data_uncertainty",
+                     "sequence_reverse_mutual_information")
 
 
 def sample_outputs(fn: Callable[[Array], Array], key: Array, num_samples: int) -> Array:
@@ -72,27 +97,79 @@ def mutual_information(log_probs: Array) -> Array:
   return entropy(model_average(log_probs)) - jnp.mean(entropy(log_probs), axis=0)
 
 
-def streaming_model_average(log_prob_fn: Callable[[Array], Array], keys: Array
-                            ) -> tuple[Array, Array]:
-  """The model average and mutual information of ``log_prob_fn(key)`` over ``keys``,
+def _measures(average: Array, mean_entropy: Array, mean_log_probs: Array) -> dict[str, Array]:
+  """The token measures from ``log pbar``, ``mean_s H[p_s]`` and ``mean_s log p_s``."""
+  total = entropy(average)
+  cross = jnp.sum(jnp.exp(average) * mean_log_probs, axis=-1)  # sum_v pbar mean_s log p_s
+  return {"total_uncertainty": total, "data_uncertainty": mean_entropy,
+          "mutual_information": total - mean_entropy,
+          "expected_pairwise_kl": -mean_entropy - cross,
+          "reverse_mutual_information": -total - cross}
+
+
+def token_measures(log_probs: Array) -> dict[str, Array]:
+  """Every measure of ``TOKEN_MEASURES`` for stacked samples.
+
+  Args:
+    log_probs: ``[S, ..., classes]`` per-sample log-probabilities (finite).
+
+  Returns:
+    ``{name: [...]}``.
+  """
+  return _measures(model_average(log_probs), jnp.mean(entropy(log_probs), axis=0),
+                   jnp.mean(log_probs, axis=0))
+
+
+def streaming_token_measures(log_prob_fn: Callable[[Array], Array], keys: Array,
+                             targets: Array | None = None
+                             ) -> tuple[Array, dict[str, Array], Array | None]:
+  """``model_average`` and ``token_measures`` of ``log_prob_fn(key)`` over ``keys``,
   holding one sample at a time (memory of one forward pass, not ``S``).
 
   Args:
     log_prob_fn: maps a PRNG key to normalized ``[..., classes]`` log-probabilities.
     keys: ``[S]`` PRNG keys, one per posterior sample.
+    targets: optional ``[...]`` class ids whose per-sample log-probabilities to keep.
 
   Returns:
-    ``(log mean_s p_s  [..., classes], mutual information [...])``, equal to
-    ``model_average`` and ``mutual_information`` of the stacked samples.
+    ``(log pbar [..., classes], {name: [...]}, [S, ...] target log-probabilities
+    of each sample, or None)``.
   """
-  first = log_prob_fn(keys[0])
+  def one(key):
+    log_probs = log_prob_fn(key)
+    picked = (None if targets is None else
+              jnp.take_along_axis(log_probs, targets[..., None], -1)[..., 0])
+    return log_probs, picked
 
   def add(carry, key):
-    log_sum, entropy_sum = carry
-    log_probs = log_prob_fn(key)
-    return (jnp.logaddexp(log_sum, log_probs), entropy_sum + entropy(log_probs)), None
+    log_sum, entropy_sum, log_probs_sum = carry
+    log_probs, picked = one(key)
+    return (jnp.logaddexp(log_sum, log_probs), entropy_sum + entropy(log_probs),
+            log_probs_sum + log_probs), picked
 
-  (log_sum, entropy_sum), _ = jax.lax.scan(add, (first, entropy(first)), keys[1:])
+  first, first_picked = one(keys[0])
+  (log_sum, entropy_sum, log_probs_sum), picked = jax.lax.scan(
+      add, (first, entropy(first), first), keys[1:])
   num_samples = keys.shape[0]
   average = log_sum - math.log(num_samples)
-  return average, entropy(average) - entropy_sum / num_samples
+  measures = _measures(average, entropy_sum / num_samples, log_probs_sum / num_samples)
+  if targets is not None:
+    picked = jnp.concatenate([first_picked[None], picked])
+  return average, measures, picked
+
+
+def sequence_measures(sample_log_probs: Array, lengths: Array) -> dict[str, Array]:
+  """``SEQUENCE_MEASURES`` from each sample's log-probability of the same outputs.
+
+  Args:
+    sample_log_probs: ``[S, ...]`` ``log P_s(y | x)`` of each output ``y``.
+    lengths: ``[...]`` tokens of each output (clipped to at least 1).
+
+  Returns:
+    ``{name: [...]}``, length-normalized.
+  """
+  lengths = jnp.maximum(lengths, 1).astype(jnp.float32)
+  total = -model_average(sample_log_probs[..., None])[..., 0] / lengths
+  data = -jnp.mean(sample_log_probs, axis=0) / lengths
+  return {"sequence_total_uncertainty": total, "sequence_data_uncertainty": data,
+          "sequence_reverse_mutual_information": data - total}

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
-from meshbayes import metrics
+from meshbayes import metrics, predictive
 from meshbayes.models.base import BaseModel
 from meshbayes.partitioning import Partitioner
 
@@ -102,6 +102,10 @@ class Decoded:
     entropy: mean per-token entropy of the predictive distribution (nats).
     mutual_information: mean per-token mutual information between the next
       token and the weights (nats; 0 for the posterior mean).
+    measures: every uncertainty measure of the output (``predictive``'s
+      ``TOKEN_MEASURES``, averaged over its tokens, and ``SEQUENCE_MEASURES``):
+      all of them for a model average; the total uncertainties alone for the
+      posterior mean.
   """
 
   output_ids: tuple[int, ...]
@@ -109,6 +113,7 @@ class Decoded:
   num_tokens: int
   entropy: float
   mutual_information: float
+  measures: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
   @property
   def confidence(self) -> float:
@@ -176,13 +181,29 @@ def decode_and_score(model: BaseModel, params: Any, input_batches: Iterable[np.n
       batch = dict(_as_targets(outputs, max_length, eos_id), encoder_input_tokens=inputs)
       log_probs, aux = jax.device_get(score(params, partitioner.global_batch(batch), key))
       counts = batch["decoder_loss_weights"].sum(-1)
-      information = aux.get("token_mutual_information", np.zeros_like(aux["token_entropy"]))
+      measures = _measures(log_probs, aux, counts)
       for row in np.flatnonzero(inputs.any(-1)):
-        n = max(int(counts[row]), 1)
+        row_measures = {name: float(value[row]) for name, value in measures.items()}
         records.append(Decoded(tuple(outputs[row]), float(log_probs[row]), int(counts[row]),
-                               float(aux["token_entropy"][row].sum() / n),
-                               float(information[row].sum() / n)))
+                               row_measures["total_uncertainty"],
+                               row_measures.get("mutual_information", 0.0), row_measures))
   return records
+
+
+def _measures(log_probs: np.ndarray, aux: Mapping[str, np.ndarray], counts: np.ndarray
+              ) -> dict[str, np.ndarray]:
+  """Each output's uncertainty measures from ``score_batch``'s ``aux`` (``(batch,)`` each)."""
+  n = np.maximum(counts, 1)
+  measures = {"total_uncertainty": aux["token_entropy"].sum(-1) / n}
+  for name in predictive.TOKEN_MEASURES[1:]:
+    if f"token_{name}" in aux:
+      measures[name] = aux[f"token_{name}"].sum(-1) / n
+  if "sample_log_probs" in aux:
+    measures.update({name: np.asarray(value) for name, value in predictive.sequence_measures(
+        aux["sample_log_probs"], counts).items()})
+  else:  # one model: its sequence-level total uncertainty is its own -log P(y | x) / L
+    measures["sequence_total_uncertainty"] = -log_probs / n
+  return measures
 
 
 def sequence_metrics(predictions: Sequence[str], references: Sequence[str],
@@ -214,16 +235,21 @@ def sequence_metrics(predictions: Sequence[str], references: Sequence[str],
 
 def ood_report(in_domain: Sequence[Decoded], out_of_domain: Mapping[str, Sequence[Decoded]]
                ) -> dict[str, dict[str, float]]:
-  """AUROC of telling each out-of-distribution set from the in-domain inputs by the
-  outputs' mean mutual information and mean predictive entropy (higher = OOD)."""
+  """How well each uncertainty measure tells each out-of-distribution set from the
+  in-domain inputs (higher = OOD): AUROC, FPR at 95% TPR and the two means, per
+  measure the records carry (``Decoded.measures``)."""
+  names = [name for name in in_domain[0].measures
+           if all(name in r.measures for records in (in_domain, *out_of_domain.values())
+                  for r in records)] if in_domain else []
   report = {}
-  for name, records in out_of_domain.items():
+  for ood_set, records in out_of_domain.items():
     entry = {"num_examples": len(records)}
-    for score in ("mutual_information", "entropy"):
-      inside = [getattr(r, score) for r in in_domain]
-      outside = [getattr(r, score) for r in records]
-      entry[f"auroc_{score}"] = metrics.auroc(inside, outside)
-      entry[f"mean_{score}_in_domain"] = float(np.mean(inside))
-      entry[f"mean_{score}_ood"] = float(np.mean(outside))
-    report[name] = entry
+    for name in names:
+      inside = [r.measures[name] for r in in_domain]
+      outside = [r.measures[name] for r in records]
+      entry[f"auroc_{name}"] = metrics.auroc(inside, outside)
+      entry[f"fpr95_{name}"] = metrics.fpr_at_tpr(inside, outside, 0.95)
+      entry[f"mean_{name}_in_domain"] = float(np.mean(inside))
+      entry[f"mean_{name}_ood"] = float(np.mean(outside))
+    report[ood_set] = entry
   return report

@@ -207,9 +207,11 @@ class EncoderDecoderModel(BaseModel):
 
     Returns:
       ``(sequence_log_probs (batch,), aux)`` with ``token_log_probs`` and
-      ``token_entropy`` (of the predictive distribution) and, for
-      ``num_samples > 0``, ``token_mutual_information`` (all ``(batch, length)``,
-      0 at padding); with ``return_log_probs``, also ``log_probs``
+      ``token_entropy`` (of the predictive distribution: the total uncertainty)
+      and, for ``num_samples > 0``, ``token_<name>`` for the other measures of
+      ``predictive.TOKEN_MEASURES`` (all ``(batch, length)``, 0 at padding) and
+      ``sample_log_probs`` ``(S, batch)``, each weight sample's log-probability
+      of the targets; with ``return_log_probs``, also ``log_probs``
       ``(batch, length, vocab)``, the whole predictive distribution.
     """
     keys, mean = self._sample_keys(params, rng, num_samples)
@@ -221,14 +223,16 @@ class EncoderDecoderModel(BaseModel):
                                  deterministic=True)
       return jax.nn.log_softmax(logits.astype(jnp.float32))
 
-    average, mutual_information = predictive.streaming_model_average(log_probs, keys)
     weights = batch["decoder_loss_weights"].astype(jnp.float32)
     targets = batch["decoder_target_tokens"]
+    average, measures, picked = predictive.streaming_token_measures(log_probs, keys, targets)
     token_log_probs = jnp.take_along_axis(average, targets[..., None], -1)[..., 0] * weights
     aux = {"token_log_probs": token_log_probs,
-           "token_entropy": predictive.entropy(average) * weights}
+           "token_entropy": measures["total_uncertainty"] * weights}
     if not mean:
-      aux["token_mutual_information"] = mutual_information * weights
+      aux.update({f"token_{name}": value * weights for name, value in measures.items()
+                  if name != "total_uncertainty"})
+      aux["sample_log_probs"] = jnp.sum(picked * weights, -1)
     if return_log_probs:
       aux["log_probs"] = average
     return token_log_probs.sum(-1), aux

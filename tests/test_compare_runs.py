@@ -26,7 +26,8 @@ def write_run(directory, predictives, bleu, ece, ood=None):
 def test_table_has_a_column_per_predictive(tmp_path, capsys):
   write_run(tmp_path / "det", ["posterior_mean"], 12.5, 0.25)
   write_run(tmp_path / "bay", ["model_average", "posterior_mean"], 12.0, 0.05,
-            ood={"spanish": {"auroc_mutual_information": 0.9, "auroc_entropy": 0.8}})
+            ood={"spanish": {"auroc_mutual_information": 0.9, "fpr95_mutual_information": 0.25,
+                             "auroc_total_uncertainty": 0.8}})
   plot = tmp_path / "reliability.png"
   assert compare_runs.main([str(tmp_path / "det"), str(tmp_path / "bay"), "--task=tatoeba_enfr",
                             "--names=deterministic,Bayesian", f"--plot={plot}"]) == 0
@@ -36,7 +37,9 @@ def test_table_has_a_column_per_predictive(tmp_path, capsys):
   assert "| BLEU | 12.50 | 12.00 | 12.00 |" in lines
   assert "| token ECE (%) | 25.00 | 5.00 | 5.00 |" in lines
   # OOD is measured with the headline predictive only.
-  assert "| OOD AUROC, spanish by mutual information | - | 0.900 | - |" in lines
+  assert "| OOD spanish: AUROC / FPR@95 (%) by mutual information | - | 0.900 / 25.0 | - |" in lines
+  assert "| OOD spanish: AUROC / FPR@95 (%) by total uncertainty | - | 0.800 | - |" in lines
+  assert not any("by data uncertainty" in line for line in lines)  # rows of measures present
   assert plot.stat().st_size > 0
 
 

@@ -48,12 +48,61 @@ def test_sample_outputs_draws_independent_samples():
     predictive.sample_outputs(lambda k: k, jax.random.key(0), 0)
 
 
-def test_streaming_model_average_equals_stacked_samples():
-  """One sample at a time gives the stacked samples' average and mutual information."""
+def brute_force_measures(probs):
+  """Malinin and Gales' token measures by their definitions, with explicit loops."""
+  num_samples = probs.shape[0]
+  average = probs.mean(0)
+  entropy = lambda p: -np.sum(p * np.log(p), -1)
+  kl = lambda p, q: np.sum(p * (np.log(p) - np.log(q)), -1)
+  return {
+      "total_uncertainty": entropy(average),
+      "data_uncertainty": np.mean([entropy(p) for p in probs], 0),
+      "mutual_information": entropy(average) - np.mean([entropy(p) for p in probs], 0),
+      "expected_pairwise_kl": np.mean([kl(probs[s], probs[t]) for s in range(num_samples)
+                                       for t in range(num_samples)], 0),
+      "reverse_mutual_information": np.mean([kl(average, p) for p in probs], 0)}
+
+
+def test_token_measures_against_their_definitions():
+  probs = np.random.default_rng(1).dirichlet(np.full(4, 0.5), size=(5, 3, 2))  # S=5, 3x2, V=4
+  expected = brute_force_measures(probs)
+  measures = predictive.token_measures(jnp.log(jnp.asarray(probs, jnp.float32)))
+  assert set(measures) == set(predictive.TOKEN_MEASURES)
+  for name in predictive.TOKEN_MEASURES:
+    np.testing.assert_allclose(measures[name], expected[name], rtol=1e-4, atol=1e-6,
+                               err_msg=name)
+    assert np.all(np.asarray(measures[name]) > 0), name
+  np.testing.assert_allclose(
+      measures["expected_pairwise_kl"],
+      measures["mutual_information"] + measures["reverse_mutual_information"], rtol=1e-5)
+
+
+def test_streaming_token_measures_equal_stacked_samples():
+  """One sample at a time gives the stacked samples' average, measures and target log-probs."""
   fn = lambda key: jax.nn.log_softmax(3 * jax.random.normal(key, (2, 3, 7)))
   keys = jax.random.split(jax.random.key(0), 5)
+  targets = jnp.array([[0, 6, 2], [3, 3, 1]])
   stacked = jax.vmap(fn)(keys)
-  average, mutual_information = predictive.streaming_model_average(fn, keys)
+  average, measures, picked = predictive.streaming_token_measures(fn, keys, targets)
   np.testing.assert_allclose(average, predictive.model_average(stacked), atol=1e-5)
-  np.testing.assert_allclose(mutual_information, predictive.mutual_information(stacked),
-                             atol=1e-5)
+  for name, value in predictive.token_measures(stacked).items():
+    np.testing.assert_allclose(measures[name], value, atol=1e-5, err_msg=name)
+  np.testing.assert_allclose(measures["mutual_information"],
+                             predictive.mutual_information(stacked), atol=1e-5)
+  np.testing.assert_allclose(picked, jnp.take_along_axis(stacked, targets[None, ..., None],
+                                                         -1)[..., 0], atol=1e-6)
+
+
+def test_sequence_measures_against_their_definitions():
+  """Two outputs of 3 and 1 tokens, S=3 samples' log P_s(y | x)."""
+  sample_log_probs = np.array([[-2.0, -0.5], [-3.0, -0.1], [-1.0, -2.0]])
+  lengths = np.array([3, 1])
+  measures = predictive.sequence_measures(jnp.asarray(sample_log_probs, jnp.float32),
+                                          jnp.asarray(lengths))
+  total = -np.log(np.mean(np.exp(sample_log_probs), 0)) / lengths
+  data = -np.mean(sample_log_probs, 0) / lengths
+  np.testing.assert_allclose(measures["sequence_total_uncertainty"], total, rtol=1e-6)
+  np.testing.assert_allclose(measures["sequence_data_uncertainty"], data, rtol=1e-6)
+  np.testing.assert_allclose(measures["sequence_reverse_mutual_information"], data - total,
+                             rtol=1e-5)
+  assert np.all(data - total > 0)  # Jensen: log of a mean >= mean of logs

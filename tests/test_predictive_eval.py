@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from meshbayes import metrics, predictive_eval
+from meshbayes import metrics, predictive, predictive_eval
 from meshbayes.models.encoder_decoder import EncoderDecoderModel
 from meshbayes.models.transformer import TransformerConfig
 from meshbayes.partitioning import Partitioner
@@ -93,10 +93,19 @@ def test_decode_and_score_reports_each_outputs_probability(setup):
                                float(aux["token_mutual_information"].sum()) / len(ids),
                                rtol=1e-3, atol=1e-7)
     assert 0 < records[row].confidence <= records[row].length_normalized_confidence <= 1
+    measures = records[row].measures
+    assert set(measures) == set(predictive.TOKEN_MEASURES + predictive.SEQUENCE_MEASURES)
+    np.testing.assert_allclose(measures["reverse_mutual_information"],
+                               float(aux["token_reverse_mutual_information"].sum()) / len(ids),
+                               rtol=1e-3, atol=1e-7)
+    sample_log_probs = np.asarray(aux["sample_log_probs"][:, 0], np.float64)  # (S=2,)
+    np.testing.assert_allclose(measures["sequence_data_uncertainty"],
+                               -sample_log_probs.mean() / len(ids), rtol=1e-4)
 
 
 def test_sequence_metrics_and_ood_report():
-  record = lambda log_prob, n, mi: predictive_eval.Decoded((2,), log_prob, n, 2 * mi, mi)
+  record = lambda log_prob, n, mi: predictive_eval.Decoded(
+      (2,), log_prob, n, 2 * mi, mi, {"mutual_information": mi, "total_uncertainty": 2 * mi})
   records = [record(np.log(0.9), 2, 0.1), record(np.log(0.25), 2, 0.2)]
   result = predictive_eval.sequence_metrics(["a b c d", "x y"], ["a b c d", "p q"], records,
                                             num_bins=10)
@@ -109,4 +118,12 @@ def test_sequence_metrics_and_ood_report():
       (1 - 0.9 ** 0.5 + 0.5) / 2)
   ood = predictive_eval.ood_report(records, {"far": [record(0.0, 1, 0.3), record(0.0, 1, 0.15)]})
   assert ood["far"]["auroc_mutual_information"] == pytest.approx(0.75)
-  assert ood["far"]["auroc_entropy"] == pytest.approx(0.75)
+  assert ood["far"]["auroc_total_uncertainty"] == pytest.approx(0.75)
+  # OOD mutual informations 0.3, 0.15: the threshold flagging both also flags 0.2.
+  assert ood["far"]["fpr95_mutual_information"] == pytest.approx(0.5)
+  assert ood["far"]["mean_mutual_information_ood"] == pytest.approx(0.225)
+  # A measure some records lack (a posterior mean's) is left out, not half-reported.
+  partial = [predictive_eval.Decoded((2,), 0.0, 1, 0.5, 0.0, {"total_uncertainty": 0.5})]
+  assert set(predictive_eval.ood_report(records, {"far": partial})["far"]) == {
+      "num_examples", "auroc_total_uncertainty", "fpr95_total_uncertainty",
+      "mean_total_uncertainty_in_domain", "mean_total_uncertainty_ood"}

@@ -36,7 +36,11 @@ ROWS = (
     ("token accuracy (%)", lambda m, p: 100 * m["token_calibration"][p]["accuracy"], "{:.2f}"),
     ("Brier", lambda m, p: m["token_calibration"][p]["brier"], "{:.4f}"),
 )
-OOD_SCORES = ("mutual_information", "entropy")
+# The OOD rows' measures, in this order when present (older evaluations said "entropy").
+OOD_SCORES = ("mutual_information", "reverse_mutual_information", "expected_pairwise_kl",
+              "total_uncertainty", "entropy", "data_uncertainty",
+              "sequence_reverse_mutual_information", "sequence_total_uncertainty",
+              "sequence_data_uncertainty")
 
 
 def load(run: Path, task: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -80,11 +84,13 @@ def table(cols) -> str:
                  + " |")
   ood_sets = sorted({name for _, m, _, _ in cols for name in m.get("ood", {})})
   for ood_set in ood_sets:  # measured with each run's headline predictive
-    for score in OOD_SCORES:
-      cells = [f"{m['ood'][ood_set][f'auroc_{score}']:.3f}"
-               if p == m["predictives"][0] and ood_set in m.get("ood", {}) else "-"
+    entries = [m.get("ood", {}).get(ood_set, {}) if p == m["predictives"][0] else {}
                for _, m, p, _ in cols]
-      lines.append(f"| OOD AUROC, {ood_set} by {score.replace('_', ' ')} | "
+    for score in (s for s in OOD_SCORES if any(f"auroc_{s}" in e for e in entries)):
+      cells = [f"{e[f'auroc_{score}']:.3f}" + (f" / {100 * e[f'fpr95_{score}']:.1f}"
+                                                if f"fpr95_{score}" in e else "")
+               if f"auroc_{score}" in e else "-" for e in entries]
+      lines.append(f"| OOD {ood_set}: AUROC / FPR@95 (%) by {score.replace('_', ' ')} | "
                    + " | ".join(cells) + " |")
   steps = " | ".join(str(m["step"]) for _, m, _, _ in cols)
   lines.append(f"| training steps | {steps} |")

@@ -17,13 +17,14 @@ from meshbayes.metrics.calibration import (
     token_calibration_metrics,
     token_calibration_statistics,
 )
-from meshbayes.metrics.ood import auroc
+from meshbayes.metrics.ood import auroc, fpr_at_tpr
 from meshbayes.metrics.reliability import plot_reliability, plot_token_and_sequence_reliability
 
 __all__ = [
     "DEFAULT_NUM_BINS",
     "BleuResult",
     "auroc",
+    "fpr_at_tpr",
     "bin_indices",
     "bleu",
     "corpus_bleu",
