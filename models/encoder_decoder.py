@@ -30,6 +30,7 @@ from meshbayes.layers import (
   holds_posterior,
   kl_penalty,
   posterior_mean,
+  sample_axes,
   sample_weights,
   total_kl,
 )
@@ -48,6 +49,7 @@ from meshbayes.models.transformer import Transformer, TransformerConfig
 Array = jax.Array
 
 LOSS_NORMALIZATIONS = ("tokens", "examples")
+DECODE_WEIGHTS = ("stored", "regenerated")
 # fold_in data of the decoder's own randomness (sampling), apart from the weight samples.
 _DECODE_STREAM = 0x5EED
 
@@ -87,6 +89,12 @@ class EncoderDecoderModel(BaseModel):
     label_smoothing: label smoothing of the training loss.
     z_loss: weight of ``log(Z)^2``, which keeps the softmax normalizer near 1.
     eos_id: end-of-sequence id.
+    decode_weights: how model-averaged decoding holds its ``S`` weight samples:
+      ``stored`` draws each once and keeps all (``S`` copies of the weights,
+      the samples run in parallel); ``regenerated`` redraws each sample from
+      its key inside every decoding step, one sample at a time (one copy
+      whatever ``S``, for a weight-sized normal per sample and token). Both
+      decode the same samples.
   """
 
   config: TransformerConfig
@@ -95,8 +103,12 @@ class EncoderDecoderModel(BaseModel):
   label_smoothing: float = 0.0
   z_loss: float = 1e-4
   eos_id: int = 1
+  decode_weights: str = "stored"
 
   def __post_init__(self):
+    if self.decode_weights not in DECODE_WEIGHTS:
+      raise ValueError(f"EncoderDecoderModel: decode_weights={self.decode_weights!r} must be "
+                       f"one of {DECODE_WEIGHTS}")
     if self.loss_normalization not in LOSS_NORMALIZATIONS:
       raise ValueError(f"EncoderDecoderModel: loss_normalization={self.loss_normalization!r} "
                        f"must be one of {LOSS_NORMALIZATIONS}")
@@ -310,12 +322,18 @@ class EncoderDecoderModel(BaseModel):
     """
     keys, mean = self._sample_keys(params, rng, num_samples)
     num_samples = keys.shape[0]
-    # Each sample's weights are drawn once, here, and decoded at their "posterior mean":
-    # drawing them at every step would cost a weight-sized normal per layer per token.
-    weights, axis = ((posterior_mean(params), None) if mean else
-                     (jax.vmap(lambda key: sample_weights(params, key))(keys), 0))
     module = self.module
-    per_sample = lambda fn, *axes: jax.vmap(fn, in_axes=(axis, *axes), axis_size=num_samples)
+    if mean or self.decode_weights == "stored":
+      # Each sample's weights are drawn once, here, and decoded at their "posterior mean";
+      # only the drawn leaves are stacked (S copies), the rest shared.
+      axis = None if mean else sample_axes(params)
+      weights = (posterior_mean(params) if mean else
+                 jax.vmap(lambda key: sample_weights(params, key), out_axes=axis)(keys))
+      per_sample = lambda fn, *axes: jax.vmap(fn, in_axes=(axis, *axes), axis_size=num_samples)
+    else:  # "regenerated": one sample's weights at a time, drawn again at each step
+      weights = keys
+      per_sample = lambda fn, *axes: lambda keys, *args: jax.lax.map(
+          lambda xs: fn(sample_weights(params, xs[0]), *xs[1:]), (keys, *args))
 
     def encode(weights):
       return module.apply({"params": weights}, inputs, deterministic=True,

@@ -28,7 +28,10 @@ Sections (``--sections``, default all):
   ``tatoeba_enfr`` (``make demo``; needs ``make data``) and
   ``synthetic_reverse`` (``make demo-synthetic``).
 - ``decode``: decoding throughput (``predict_batch_with_aux``) with the
-  posterior mean against Bayesian model averaging over S weight samples.
+  posterior mean against Bayesian model averaging over S weight samples; and
+  the compiled decode's memory (XLA's memory analysis, no run) of the
+  ``--decode_memory_model`` preset for S in ``--decode_memory_samples``, with
+  the samples' weights stored (S copies) or regenerated at each step (one).
 - ``resume``: seconds from opening the input to the end of the first train
   step when a run of ``--resume_task``'s demo resumes at step
   ``--resume_step``: with the input's position restored from the
@@ -46,6 +49,7 @@ Sections (``--sections``, default all):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import contextlib
 import functools
 import json
@@ -307,13 +311,52 @@ def bench_decode(args: argparse.Namespace) -> dict[str, Any]:
                                        num_samples=samples))
     programs[f"S={samples}" if samples else "posterior_mean"] = functools.partial(
         lambda d: d(params, batch, jax.random.key(3))[0], decode)
+  for samples in [int(s) for s in args.decode_samples.split(",")]:
+    decode = jax.jit(functools.partial(
+        dataclasses.replace(model, decode_weights="regenerated").predict_batch_with_aux,
+        method=args.decode_method, num_samples=samples))
+    programs[f"S={samples}, regenerated"] = functools.partial(
+        lambda d: d(params, batch, jax.random.key(3))[0], decode)
   times, _ = alternate(programs, args.rounds)
   sequences = args.decode_batch
   return {"model": args.decode_model, "method": args.decode_method, "batch_size": sequences,
           "max_length": args.decode_length,
           "sequences_per_second": {k: sequences / t for k, t in times.items()},
           "slowdown_vs_posterior_mean": {k: t / times["posterior_mean"] for k, t in times.items()
-                                         if k != "posterior_mean"}}
+                                         if k != "posterior_mean"},
+          "memory": decode_memory(args)}
+
+
+def decode_memory(args: argparse.Namespace) -> dict[str, Any]:
+  """GiB of the compiled decode's arguments and temporaries per weight-sample mode and S."""
+  from meshbayes.models.configurables import preset_config
+  from meshbayes.models.encoder_decoder import DECODE_WEIGHTS, EncoderDecoderModel
+
+  model = EncoderDecoderModel(preset_config(args.decode_memory_model), num_train_units=1e6)
+  shape = (args.decode_batch, args.decode_length)
+  shapes = {name: shape for name in ("encoder_input_tokens", "decoder_input_tokens",
+                                     "decoder_target_tokens", "decoder_loss_weights")}
+  params = jax.eval_shape(lambda: nn.unbox(model.get_initial_variables(
+      jax.random.key(0), shapes)["params"]))
+  batch = {name: jax.ShapeDtypeStruct(shape, jnp.int32)
+           for name in ("encoder_input_tokens", "decoder_target_tokens")}
+  gib = lambda n: n / 2**30
+  report: dict[str, Any] = {"model": args.decode_memory_model, "batch_size": args.decode_batch,
+                            "max_length": args.decode_length,
+                            "params_gib": gib(sum(x.size * x.dtype.itemsize
+                                                  for x in jax.tree.leaves(params)))}
+  for mode in DECODE_WEIGHTS:
+    for samples in [int(s) for s in args.decode_memory_samples.split(",")]:
+      fn = jax.jit(functools.partial(
+          dataclasses.replace(model, decode_weights=mode).predict_batch_with_aux,
+          method=args.decode_method, num_samples=samples))
+      memory = fn.lower(params, batch, jax.random.key(0)).compile().memory_analysis()
+      report[f"{mode}, S={samples}"] = {
+          "argument_gib": gib(memory.argument_size_in_bytes),
+          "temp_gib": gib(memory.temp_size_in_bytes),
+          "total_gib": gib(memory.argument_size_in_bytes + memory.temp_size_in_bytes
+                           + memory.output_size_in_bytes)}
+  return report
 
 
 # --- resume: the input's position restored vs batches skipped -----------------------------------
@@ -403,6 +446,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   parser.add_argument("--decode_length", type=int, default=16)
   parser.add_argument("--decode_method", default="greedy", choices=("greedy", "beam", "sample"))
   parser.add_argument("--decode_samples", default="1,4")
+  parser.add_argument("--decode_memory_model", default="small")
+  parser.add_argument("--decode_memory_samples", default="1,4,8")
   parser.add_argument("--resume_task", default="tatoeba_enfr",
                       help=f"from {', '.join(PIPELINE_DEMOS)}")
   parser.add_argument("--resume_step", type=int, default=10_000)

@@ -49,7 +49,7 @@ from meshbayes.layers.priors import (
                                     TrainableNormalPrior,
                                     normal_kl,
 )
-from meshbayes.layers.variational import SAMPLE_RNG, sample_weights
+from meshbayes.layers.variational import SAMPLE_RNG, posterior_part, sample_axes, sample_weights
 from meshbayes.layers.weight_posterior import WeightPosterior, holds_posterior, posterior_mean
 from meshbayes.layers.variational_dropout import (
                                     ConvVariationalDropout,
@@ -106,6 +106,8 @@ __all__ = [
                                     "moped_params",
                                     "normal_kl",
                                     "posterior_mean",
+                                    "posterior_part",
+                                    "sample_axes",
                                     "sample_weights",
                                     "softplus_inverse",
                                     "sparsity",

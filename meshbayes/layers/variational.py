@@ -178,14 +178,34 @@ def sample_weights(params: Any, key: Array) -> dict[str, Any]:
   flat = traverse_util.flatten_dict(dict(params))
   out = {}
   for index, (path, value) in enumerate(sorted(flat.items())):
-    part = posterior_part(path[-1])
-    scale = path[:-1] + (f"{part[0]}_scale",) if part else None
-    if part and part[1] == "loc" and scale in flat:
+    scale = _scale_of(path, flat)
+    if scale is not None:
       posterior = Normal(_unbox(value), jax.nn.softplus(_unbox(flat[scale])))
       sample = posterior.sample(jax.random.fold_in(key, index))
       value = value.replace_boxed(sample) if isinstance(value, meta.AxisMetadata) else sample
     out[path] = value
   return traverse_util.unflatten_dict(out)
+
+
+def _scale_of(path: tuple[str, ...], flat: dict[tuple[str, ...], Any]) -> tuple[str, ...] | None:
+  """The path of the ``*_scale`` beside a posterior mean ``path``, None for other parameters."""
+  part = posterior_part(path[-1])
+  scale = path[:-1] + (f"{part[0]}_scale",) if part and part[1] == "loc" else None
+  return scale if scale in flat else None
+
+
+def sample_axes(params: Any) -> Any:
+  """``0`` for each leaf of ``sample_weights``' output that a sample draws, ``None`` for each
+  it keeps: the ``in_axes``/``out_axes`` that stack over samples only what differs.
+
+  >>> sample_axes({'dense': {'kernel_loc': 0.0, 'kernel_scale': 0.0, 'bias': 0.0}})
+  {'dense': {'bias': None, 'kernel_loc': 0, 'kernel_scale': None}}
+  """
+  if isinstance(params, WeightPosterior):
+    return jax.tree.map(lambda _: 0, params.mean)
+  flat = traverse_util.flatten_dict(dict(params))
+  return traverse_util.unflatten_dict(
+      {path: 0 if _scale_of(path, flat) else None for path in sorted(flat)})
 
 
 def use_posterior_mean(module: nn.Module, deterministic: bool | None) -> bool:
