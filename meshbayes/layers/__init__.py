@@ -6,6 +6,7 @@ KL in ``priors``; how the recorded KL enters a loss in ``kl``.
 """
 
 from meshbayes.layers import estimators
+from meshbayes.layers.bayesianize import Bayesianized, bayesianize, moped_init
 from meshbayes.layers.conv import (
                                     Conv,
                                     ConvFlipout,
@@ -61,6 +62,9 @@ from meshbayes.layers.variational_dropout import (
 )
 
 __all__ = [
+                                    "Bayesianized",
+                                    "bayesianize",
+                                    "moped_init",
                                     "ESTIMATORS",
                                     "KL_COLLECTION",
                                     "KL_NAME",
