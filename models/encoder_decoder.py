@@ -183,8 +183,9 @@ class EncoderDecoderModel(BaseModel):
     ``num_samples=S`` and a posterior (Bayesian layers or a ``WeightPosterior``),
     ``sampled_nll`` averages the NLL over ``S`` weight samples (``sample_weights``:
     one sample per call, so each sequence sees one set of weights, as prediction
-    does) and ``neg_elbo = sampled_nll + KL / num_train_units``: the Monte Carlo
-    negative ELBO per target token. The loss returned is the plug-in value.
+    does) and, with Bayesian layers, ``neg_elbo = sampled_nll + KL / num_train_units``:
+    the Monte Carlo negative ELBO per target token (IVON's KL is not the layers'
+    and is not reported). The loss returned is the plug-in value.
     """
     logits, state = self._teacher_forced(posterior_mean(params), batch, deterministic=True)
     sums = self._sums(logits, total_kl(state), batch, 1.0, 0.0)
@@ -199,7 +200,8 @@ class EncoderDecoderModel(BaseModel):
 
       nll_sum = jax.lax.scan(sampled_nll, jnp.zeros((), jnp.float32), keys)[0] / len(keys)
       metrics["sampled_nll"] = per_loss_unit(nll_sum, sums)
-      metrics["neg_elbo"] = metrics["sampled_nll"] + metrics["kl"] / self.num_train_units
+      if self.is_bayesian:  # a WeightPosterior's KL lives with its optimizer, not here
+        metrics["neg_elbo"] = metrics["sampled_nll"] + metrics["kl"] / self.num_train_units
     return metrics[LOSS], metrics
 
   def _sample_keys(self, params: Any, rng: Array | None, num_samples: int
