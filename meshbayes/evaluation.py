@@ -12,6 +12,7 @@ import functools
 import json
 import math
 import numbers
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -86,7 +87,8 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
              split: str | None = None, decode: bool = True, decode_method: str = "beam",
              beam_size: int = 4, num_samples: int = 4, num_bins: int = metrics.DEFAULT_NUM_BINS,
              ood_files: Mapping[str, str] | None = None, ood_shuffled_words: bool = False,
-             max_ood_examples: int = 1000, seed: int = 0) -> dict[str, Any]:
+             max_ood_examples: int = 1000, temperature_scaling: bool = False,
+             temperature_split: str = "validation", seed: int = 0) -> dict[str, Any]:
   """Evaluates a checkpoint on a split: quality, calibration and uncertainty.
 
   Reports the posterior-mean teacher-forced metrics (NLL, accuracy, the
@@ -123,6 +125,11 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
       as an out-of-distribution set.
     max_ood_examples: at most this many inputs per out-of-distribution set, and
       in-domain sources to compare them with (each decoded greedily).
+    temperature_scaling: also evaluate the headline predictive temperature-scaled:
+      one temperature fitted by teacher-forced NLL on ``temperature_split``
+      (``predictive_eval.fit_temperature``), applied to token probabilities and
+      beam scores; reported as ``<predictive>_temperature_scaled``.
+    temperature_split: the split the temperature is fitted on.
     seed: seed of weight samples and sampling.
 
   Returns:
@@ -145,6 +152,17 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
                                        partitioner, jax.random.fold_in(rng, 1)))
   variants = predictive_eval.predictives(model.is_bayesian or holds_posterior(params),
                                          num_samples)
+  if temperature_scaling:
+    if temperature_split == split:
+      print(f"warning: the temperature is fitted on the evaluated split {split!r}",
+            file=sys.stderr)
+    fit_batches = data.eval_batches(partitioner.data_layout(data.batch_size), temperature_split)
+    temperature, fit = predictive_eval.fit_temperature(
+        model, params, progress(fit_batches, f"fitting the temperature on {temperature_split}"),
+        partitioner, variants[0], jax.random.fold_in(rng, 2))
+    result["temperature_scaling"] = {"split": temperature_split, "temperature": temperature,
+                                     **fit}
+    variants.append(variants[0].temperature_scaled(temperature))
   result["predictives"] = [v.name for v in variants]
   reliability: dict[str, dict[str, Any]] = {}
   result["token_calibration"] = {}

@@ -30,24 +30,45 @@ from meshbayes.models.base import BaseModel
 from meshbayes.partitioning import Partitioner
 
 Batch = dict[str, np.ndarray]
+TEMPERATURE_SCALED = "_temperature_scaled"
+# Temperatures tried by fit_temperature: log-spaced over [1/8, 8], 14% apart.
+TEMPERATURE_GRID = tuple(np.exp(np.linspace(np.log(0.125), np.log(8.0), 33)).tolist())
 
 
 @dataclasses.dataclass(frozen=True)
 class Predictive:
-  """Which predictive distribution: the posterior mean or a model average.
+  """Which predictive distribution: the posterior mean or a model average, optionally
+  temperature-scaled.
 
   Attributes:
-    name: ``posterior_mean`` or ``model_average``.
+    name: ``posterior_mean`` or ``model_average``, with a ``_temperature_scaled``
+      suffix for a fitted ``temperature``.
     num_samples: 0 (posterior mean) or ``S`` weight samples averaged.
+    temperature: calibration temperature of the predictive distribution.
   """
 
   name: str
   num_samples: int = 0
+  temperature: float = 1.0
 
   def __post_init__(self):
-    if self.num_samples < 0 or (self.num_samples == 0) != (self.name == "posterior_mean"):
+    base = self.name.removesuffix(TEMPERATURE_SCALED)
+    if self.num_samples < 0 or (self.num_samples == 0) != (base == "posterior_mean") or (
+        base not in ("posterior_mean", "model_average")):
       raise ValueError(f"Predictive: name={self.name!r} with num_samples={self.num_samples} "
                        "must be 'posterior_mean' with 0 or 'model_average' with S > 0")
+    if not self.temperature > 0 or (self.temperature != 1.0 and base == self.name):
+      raise ValueError(f"Predictive: temperature={self.temperature!r} must be positive, and "
+                       f"1 unless the name ends with {TEMPERATURE_SCALED!r}")
+
+  @property
+  def score_options(self) -> dict[str, Any]:
+    """``score_batch``'s and ``predict_batch_with_aux``'s options for this predictive."""
+    return {"num_samples": self.num_samples, "calibration_temperature": self.temperature}
+
+  def temperature_scaled(self, temperature: float) -> Predictive:
+    """This predictive at ``temperature``."""
+    return Predictive(self.name + TEMPERATURE_SCALED, self.num_samples, temperature)
 
 
 def predictives(is_bayesian: bool, num_samples: int) -> list[Predictive]:
@@ -76,8 +97,8 @@ def token_calibration(model: BaseModel, params: Any, batches: Iterable[Batch],
   @functools.partial(jax.jit, in_shardings=(param_shardings, _batch_sharding(partitioner),
                                             None))
   def statistics(params, batch, rng):
-    _, aux = model.score_batch(params, batch, rng, num_samples=predictive.num_samples,
-                               return_log_probs=True)
+    _, aux = model.score_batch(params, batch, rng, return_log_probs=True,
+                               **predictive.score_options)
     return metrics.token_calibration_statistics(
         aux["log_probs"], batch["decoder_target_tokens"],
         batch["decoder_loss_weights"].astype(jnp.float32), num_bins)
@@ -88,6 +109,64 @@ def token_calibration(model: BaseModel, params: Any, batches: Iterable[Batch],
       sums.append(jax.device_get(statistics(params, partitioner.global_batch(batch),
                                             jax.random.fold_in(rng, i))))
   return metrics.token_calibration_metrics(metrics.sum_statistics(sums))
+
+
+def fit_temperature(model: BaseModel, params: Any, batches: Iterable[Batch],
+                    partitioner: Partitioner, predictive: Predictive, rng: jax.Array,
+                    grid: Sequence[float] = TEMPERATURE_GRID) -> tuple[float, dict[str, Any]]:
+  """Temperature scaling (Guo et al., 2017): the ``T`` minimizing the teacher-forced NLL
+  per token of ``predictive``'s distribution ``p^(1/T)`` over ``batches``.
+
+  The NLL of every ``T`` of ``grid`` is summed in one pass; a parabola through
+  the best grid point and its neighbours (in ``log T``) refines it.
+
+  Returns:
+    ``(T, {'grid': [...], 'nll': [...], 'nll_at_1': ...})``.
+  """
+  param_shardings = jax.tree.map(lambda x: x.sharding, params)
+  temperatures = jnp.asarray(grid, jnp.float32)
+
+  @functools.partial(jax.jit, in_shardings=(param_shardings, _batch_sharding(partitioner),
+                                            None))
+  def nll_sums(params, batch, rng):
+    _, aux = model.score_batch(params, batch, rng, num_samples=predictive.num_samples,
+                               return_log_probs=True)
+    weights = batch["decoder_loss_weights"].astype(jnp.float32)
+    return (temperature_nll_sums(aux["log_probs"], batch["decoder_target_tokens"], weights,
+                                 temperatures), jnp.sum(weights))
+
+  totals, tokens = np.zeros(len(grid)), 0.0
+  with partitioner.activation_rules():
+    for i, batch in enumerate(batches):
+      sums, count = jax.device_get(nll_sums(params, partitioner.global_batch(batch),
+                                            jax.random.fold_in(rng, i)))
+      totals, tokens = totals + sums, tokens + float(count)
+  nll = totals / max(tokens, 1.0)
+  return best_temperature(grid, nll), {
+      "grid": list(grid), "nll": nll.tolist(), "tokens": tokens,
+      "nll_at_1": float(np.interp(0.0, np.log(grid), nll)),
+      "at_grid_edge": int(np.argmin(nll)) in (0, len(grid) - 1)}
+
+
+def temperature_nll_sums(log_probs: jax.Array, targets: jax.Array, weights: jax.Array,
+                         temperatures: jax.Array) -> jax.Array:
+  """``[len(temperatures)]`` summed NLLs of ``targets`` under ``softmax(log_probs / T)``."""
+  def nll(temperature):
+    scaled = jax.nn.log_softmax(log_probs / temperature)
+    return -jnp.sum(jnp.take_along_axis(scaled, targets[..., None], -1)[..., 0] * weights)
+  return jax.lax.map(nll, temperatures)
+
+
+def best_temperature(grid: Sequence[float], nll: Sequence[float]) -> float:
+  """The grid's best temperature, refined by the vertex of the parabola (in ``log T``)
+  through it and its two neighbours."""
+  nll = np.asarray(nll, np.float64)
+  best = int(np.argmin(nll))
+  if not 0 < best < len(grid) - 1:
+    return float(grid[best])
+  x, y = np.log(np.asarray(grid[best - 1:best + 2], np.float64)), nll[best - 1:best + 2]
+  a, b, _ = np.polyfit(x, y, 2)
+  return float(np.exp(np.clip(-b / (2 * a), x[0], x[2]))) if a > 0 else float(grid[best])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,9 +246,9 @@ def decode_and_score(model: BaseModel, params: Any, input_batches: Iterable[np.n
   param_shardings = jax.tree.map(lambda x: x.sharding, params)
   batch_sharding = _batch_sharding(partitioner)
   decode = jax.jit(functools.partial(model.predict_batch_with_aux, max_length=max_length,
-                                     num_samples=predictive.num_samples, **decode_kwargs),
+                                     **predictive.score_options, **decode_kwargs),
                    in_shardings=(param_shardings, batch_sharding, None))
-  score = jax.jit(functools.partial(model.score_batch, num_samples=predictive.num_samples),
+  score = jax.jit(functools.partial(model.score_batch, **predictive.score_options),
                   in_shardings=(param_shardings, batch_sharding, None))
   records = []
   with partitioner.activation_rules():

@@ -213,8 +213,12 @@ class EncoderDecoderModel(BaseModel):
       raise ValueError(f"num_samples={num_samples} posterior samples need an rng")
     return jax.random.split(rng, num_samples), False
 
-  def score_batch(self, params, batch, rng=None, num_samples=0, return_log_probs=False):
+  def score_batch(self, params, batch, rng=None, num_samples=0, return_log_probs=False,
+                  calibration_temperature=1.0):
     """Target log-probabilities under the posterior mean or the model average.
+
+    ``calibration_temperature`` ``T`` rescales the predictive distribution,
+    ``p^(1/T)`` renormalized (temperature scaling: ``predictive_eval.fit_temperature``).
 
     The ``S`` weight samples run one after another, so memory holds one
     forward pass whatever ``S``.
@@ -240,6 +244,9 @@ class EncoderDecoderModel(BaseModel):
     weights = batch["decoder_loss_weights"].astype(jnp.float32)
     targets = batch["decoder_target_tokens"]
     average, measures, picked = predictive.streaming_token_measures(log_probs, keys, targets)
+    if calibration_temperature != 1.0:
+      average = jax.nn.log_softmax(average / calibration_temperature)
+      measures["total_uncertainty"] = predictive.entropy(average)
     token_log_probs = jnp.take_along_axis(average, targets[..., None], -1)[..., 0] * weights
     aux = {"token_log_probs": token_log_probs,
            "token_entropy": measures["total_uncertainty"] * weights}
@@ -254,7 +261,8 @@ class EncoderDecoderModel(BaseModel):
   def predict_batch_with_aux(self, params, batch, rng=None, *, method: str = "beam",
                              beam_size: int = 4, alpha: float = 0.6, num_decodes: int = 1,
                              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                             num_samples: int = 0, max_length: int | None = None):
+                             num_samples: int = 0, max_length: int | None = None,
+                             calibration_temperature: float = 1.0):
     """Decodes the inputs.
 
     Args:
@@ -273,6 +281,9 @@ class EncoderDecoderModel(BaseModel):
       num_samples: 0 decodes with the posterior mean; ``S > 0`` averages ``S``
         weight samples at every step (Bayesian model averaging).
       max_length: most tokens to emit, EOS included.
+      calibration_temperature: rescales the predictive distribution of every
+        step (and so the scores), as in ``score_batch``; unlike ``temperature``,
+        it applies to every method.
 
     Returns:
       ``(tokens (batch, length), aux)``: the best decode, and ``aux`` with
@@ -289,7 +300,7 @@ class EncoderDecoderModel(BaseModel):
     # The weight samples are score_batch's for the same rng; sampling's keys are apart.
     decode_rng = jax.random.fold_in(rng, _DECODE_STREAM)
     step_fn, reorder, cache = self.incremental_decoder(params, inputs, max_length, rng,
-                                                       num_samples)
+                                                       num_samples, calibration_temperature)
     common = dict(batch_size=batch_size, max_length=max_length, eos_id=self.eos_id,
                   vocab_mask=jnp.arange(self.config.vocab_size) != 0)
     if method == "beam":
@@ -307,7 +318,8 @@ class EncoderDecoderModel(BaseModel):
     return result.sequences[:, 0], aux
 
   def incremental_decoder(self, params: Any, inputs: Array, max_length: int,
-                          rng: Array | None = None, num_samples: int = 0):
+                          rng: Array | None = None, num_samples: int = 0,
+                          calibration_temperature: float = 1.0):
     """The step function, cache reordering and initial cache for ``models.decoding``.
 
     Args:
@@ -317,6 +329,8 @@ class EncoderDecoderModel(BaseModel):
       rng: key of the weight samples (needed when ``num_samples > 0``).
       num_samples: 0 for the posterior mean, else ``S`` weight samples whose
         next-token distributions are averaged.
+      calibration_temperature: temperature of the (averaged) next-token
+        distribution.
 
     Returns:
       ``(step_fn, reorder, cache)``. The cache holds, for each weight sample
@@ -364,7 +378,10 @@ class EncoderDecoderModel(BaseModel):
       samples, decoder_cache = per_sample(one_sample, 0, 0)(weights, cache["decoder"],
                                                              cache["encoded"])
       aux = {} if mean else {"mutual_information": predictive.mutual_information(samples)}
-      return predictive.model_average(samples), aux, dict(cache, decoder=decoder_cache)
+      average = predictive.model_average(samples)
+      if calibration_temperature != 1.0:
+        average = jax.nn.log_softmax(average / calibration_temperature)
+      return average, aux, dict(cache, decoder=decoder_cache)
 
     def reorder(cache, rows):
       def take(x, axis):

@@ -14,6 +14,7 @@ def write_run(directory, predictives, bleu, ece, ood=None):
   decoding = {"bleu": bleu, "sequence_calibration_error": 0.3,
               "sequence_calibration_error_length_normalized": 0.2}
   metrics = {"step": 100, "num_samples": 4, "predictives": predictives,
+             "temperature_scaling": {"temperature": 1.234},
              "token_calibration": {p: token for p in predictives},
              "decoding": {p: decoding for p in predictives}}
   if ood:
@@ -24,7 +25,8 @@ def write_run(directory, predictives, bleu, ece, ood=None):
 
 
 def test_table_has_a_column_per_predictive(tmp_path, capsys):
-  write_run(tmp_path / "det", ["posterior_mean"], 12.5, 0.25)
+  write_run(tmp_path / "det", ["posterior_mean", "posterior_mean_temperature_scaled"], 12.5,
+            0.25)
   write_run(tmp_path / "bay", ["model_average", "posterior_mean"], 12.0, 0.05,
             ood={"spanish": {"auroc_mutual_information": 0.9, "fpr95_mutual_information": 0.25,
                              "auroc_total_uncertainty": 0.8}})
@@ -32,13 +34,14 @@ def test_table_has_a_column_per_predictive(tmp_path, capsys):
   assert compare_runs.main([str(tmp_path / "det"), str(tmp_path / "bay"), "--task=tatoeba_enfr",
                             "--names=deterministic,Bayesian", f"--plot={plot}"]) == 0
   lines = capsys.readouterr().out.splitlines()
-  assert lines[0] == ("| metric | deterministic | Bayesian (model average, S=4) | "
+  assert lines[0] == ("| metric | deterministic (posterior mean) | deterministic (posterior "
+                      "mean, temperature-scaled T=1.23) | Bayesian (model average, S=4) | "
                       "Bayesian (posterior mean) |")
-  assert "| BLEU | 12.50 | 12.00 | 12.00 |" in lines
-  assert "| token ECE (%) | 25.00 | 5.00 | 5.00 |" in lines
+  assert "| BLEU | 12.50 | 12.50 | 12.00 | 12.00 |" in lines
+  assert "| token ECE (%) | 25.00 | 25.00 | 5.00 | 5.00 |" in lines
   # OOD is measured with the headline predictive only.
-  assert "| OOD spanish: AUROC / FPR@95 (%) by mutual information | - | 0.900 / 25.0 | - |" in lines
-  assert "| OOD spanish: AUROC / FPR@95 (%) by total uncertainty | - | 0.800 | - |" in lines
+  assert "| OOD spanish: AUROC / FPR@95 (%) by mutual information | - | - | 0.900 / 25.0 | - |" in lines
+  assert "| OOD spanish: AUROC / FPR@95 (%) by total uncertainty | - | - | 0.800 | - |" in lines
   assert not any("by data uncertainty" in line for line in lines)  # rows of measures present
   assert plot.stat().st_size > 0
 

@@ -61,11 +61,19 @@ def columns(runs: Sequence[Path], names: Sequence[str], task: str
   for run, name in zip(runs, names):
     run_metrics, reliability = load(run, task)
     for predictive in run_metrics["predictives"]:
-      title = name if len(run_metrics["predictives"]) == 1 else {
-          "model_average": f"{name} (model average, S={run_metrics['num_samples']})",
-          "posterior_mean": f"{name} (posterior mean)"}[predictive]
+      title = name if len(run_metrics["predictives"]) == 1 else f"{name} ({_label(predictive, run_metrics)})"
       result.append((title, run_metrics, predictive, reliability[predictive]))
   return result
+
+
+def _label(predictive: str, run_metrics: dict[str, Any]) -> str:
+  """``model average, S=4``, ``posterior mean``, ``... , temperature-scaled T=1.23``."""
+  base = predictive.removesuffix("_temperature_scaled")
+  label = (f"model average, S={run_metrics['num_samples']}" if base == "model_average"
+           else base.replace("_", " "))
+  if base != predictive:
+    label += f", temperature-scaled T={run_metrics['temperature_scaling']['temperature']:.2f}"
+  return label
 
 
 def _cell(getter, run_metrics, predictive, fmt) -> str:

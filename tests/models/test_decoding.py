@@ -161,8 +161,8 @@ def test_incremental_logits_equal_teacher_forced_logits(scan_layers, num_samples
                                np.asarray(teacher_forced[:, i])[valid[:, i]], atol=2e-5)
 
 
-@pytest.mark.parametrize("num_samples", [0, 3])
-def test_transformer_beam_search_is_exact_when_exhaustive(num_samples):
+@pytest.mark.parametrize("num_samples, temperature", [(0, 1.0), (3, 1.0), (3, 1.7)])
+def test_transformer_beam_search_is_exact_when_exhaustive(num_samples, temperature):
   """Vocabulary of 6 (4 free tokens, EOS, padding), up to 2 tokens, beam 6: every
   sequence is considered, so beam search returns the brute-force best under
   the posterior mean or the 3-sample model average, and its score is the one
@@ -171,7 +171,8 @@ def test_transformer_beam_search_is_exact_when_exhaustive(num_samples):
   batch = {k: v[:1] for k, v in batch.items()}
   rng = jax.random.key(11)
   tokens, aux = jitted(model.predict_batch_with_aux, method="beam", beam_size=6, alpha=0.6,
-                       num_samples=num_samples, max_length=2)(params, batch, rng)
+                       num_samples=num_samples, max_length=2,
+                       calibration_temperature=temperature)(params, batch, rng)
   candidates = [(EOS, 0)] + [(a, EOS) for a in range(2, 6)]
   targets = jnp.asarray(candidates, jnp.int32)
   scoring = dict(encoder_input_tokens=jnp.repeat(batch["encoder_input_tokens"], 5, 0),
@@ -180,7 +181,8 @@ def test_transformer_beam_search_is_exact_when_exhaustive(num_samples):
                                                        targets[:, :1]], 1),
                  decoder_loss_weights=(targets > 0).astype(jnp.float32))
   # Scored with the decode's own rng: the same weight samples that searched.
-  log_probs, _ = jitted(model.score_batch, num_samples=num_samples)(params, scoring, rng)
+  log_probs, _ = jitted(model.score_batch, num_samples=num_samples,
+                        calibration_temperature=temperature)(params, scoring, rng)
   lengths = np.array([1, 2, 2, 2, 2])
   scores = np.asarray(log_probs) / ((5 + lengths) / 6) ** 0.6
   best = int(np.argmax(scores))

@@ -210,14 +210,19 @@ def test_evaluate_infer_and_show_a_trained_run(trained, tmp_path, capsys):
   code, _, err = command(capsys, "evaluate", *run_files("eval"), *common,
                          "--gin.evaluate.decode_method='greedy'",
                          "--gin.evaluate.ood_shuffled_words=True",
-                         "--gin.evaluate.max_ood_examples=100")
+                         "--gin.evaluate.max_ood_examples=100",
+                         "--gin.evaluate.temperature_scaling=True")
   assert code == 0, err[-2000:]
   out_dir = trained / "eval" / "synthetic_reverse"
   metrics = json.loads((out_dir / "metrics.json").read_text())
   assert metrics["step"] == 8 and metrics["num_decoded"] == 512
   assert {"nll", "accuracy", "neg_elbo", "sequence_accuracy", "bleu", "token_ece",
           "sequence_calibration_error"} <= set(metrics)
-  assert metrics["predictives"] == ["model_average", "posterior_mean"]
+  assert metrics["predictives"] == ["model_average", "posterior_mean",
+                                    "model_average_temperature_scaled"]
+  fit = metrics["temperature_scaling"]
+  assert min(fit["nll"]) <= fit["nll_at_1"] and 0.125 <= fit["temperature"] <= 8
+  assert set(metrics["decoding"]) == set(metrics["predictives"])
   assert 0 <= metrics["token_calibration"]["model_average"]["ece"] <= 1
   assert metrics["ood"]["shuffled_words"]["num_examples"] == 100
   for name in metrics["predictives"]:
@@ -227,8 +232,8 @@ def test_evaluate_infer_and_show_a_trained_run(trained, tmp_path, capsys):
   assert "token calibration (model_average)" in err and "decoding shuffled_words" in err
   scalars = events(out_dir)
   assert scalars[("validation/bleu", 8)] == pytest.approx(metrics["bleu"], rel=1e-6)
-  assert scalars[("validation/ood/shuffled_words/auroc_entropy", 8)] == pytest.approx(
-      metrics["ood"]["shuffled_words"]["auroc_entropy"], rel=1e-6)
+  assert scalars[("validation/ood/shuffled_words/auroc_total_uncertainty", 8)] == pytest.approx(
+      metrics["ood"]["shuffled_words"]["auroc_total_uncertainty"], rel=1e-6)
   logged = json.loads((out_dir / "metrics.jsonl").read_text().splitlines()[-1])
   assert logged["step"] == 8 and logged["validation/token_calibration/model_average/ece"] == \
       metrics["token_calibration"]["model_average"]["ece"]
