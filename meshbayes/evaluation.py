@@ -25,7 +25,7 @@ from meshbayes import metrics, predictive_eval
 from meshbayes.data import paths
 from meshbayes.data.pipeline import TaskData, get_task
 from meshbayes.inference import encode_lines, in_batches, read_lines, restore_params
-from meshbayes.layers import holds_posterior
+from meshbayes.layers import Ensemble, holds_posterior
 from meshbayes.metrics_writer import MetricsWriter, progress
 from meshbayes.models.base import BaseModel
 from meshbayes.partitioning import Partitioner
@@ -51,6 +51,20 @@ def teacher_forced_metrics(eval_fn, params: Any, batches: Iterable[dict[str, np.
       num_tokens += tokens
   return {name: total / max(num_tokens, 1.0) for name, total in totals.items()
           if name != "num_tokens"} | {"num_tokens": num_tokens}
+
+
+def _ensemble(params: Any, model_dir: str, ensemble_dirs: Sequence[str], model: BaseModel,
+              data: TaskData, partitioner: Partitioner, num_samples: int) -> Ensemble:
+  """``params`` and the latest parameters of ``ensemble_dirs`` as one ``Ensemble``."""
+  if num_samples < 1:
+    raise ValueError(f"evaluate: ensemble_dirs needs num_samples > 0 (the ensemble is "
+                     f"averaged over all its members), not num_samples={num_samples}")
+  members = [params] + [restore_params(d, model, data, partitioner)[0] for d in ensemble_dirs]
+  for directory, member in zip([model_dir, *ensemble_dirs], members):
+    if holds_posterior(member) or model.is_bayesian:
+      raise ValueError(f"evaluate: ensemble member {directory} is not a deterministic model's "
+                       "run; deep ensembles here are of deterministic models")
+  return Ensemble.stack(members)
 
 
 def _text(ids: Iterable[int], vocabulary: Any) -> str:
@@ -88,7 +102,8 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
              beam_size: int = 4, num_samples: int = 4, num_bins: int = metrics.DEFAULT_NUM_BINS,
              ood_files: Mapping[str, str] | None = None, ood_shuffled_words: bool = False,
              max_ood_examples: int = 1000, temperature_scaling: bool = False,
-             temperature_split: str = "validation", seed: int = 0) -> dict[str, Any]:
+             temperature_split: str = "validation", ensemble_dirs: Sequence[str] = (),
+             seed: int = 0) -> dict[str, Any]:
   """Evaluates a checkpoint on a split: quality, calibration and uncertainty.
 
   Reports the posterior-mean teacher-forced metrics (NLL, accuracy, the
@@ -130,6 +145,11 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
       (``predictive_eval.fit_temperature``), applied to token probabilities and
       beam scores; reported as ``<predictive>_temperature_scaled``.
     temperature_split: the split the temperature is fitted on.
+    ensemble_dirs: more runs of the same model (other seeds): with them, the
+      latest checkpoints of ``model_dir`` and these are evaluated as one deep
+      ensemble, a uniform mixture through the model-averaging path (its
+      ``model_average`` over all members; ``num_samples`` must be > 0); the
+      results go to ``model_dir``.
     seed: seed of weight samples and sampling.
 
   Returns:
@@ -139,6 +159,8 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
     raise ValueError(f"evaluate: num_samples={num_samples!r} must be an int >= 0")
   partitioner = partitioner or Partitioner()
   params, step = restore_params(model_dir, model, data, partitioner, checkpoint_step)
+  if ensemble_dirs:
+    params = _ensemble(params, model_dir, ensemble_dirs, model, data, partitioner, num_samples)
   split = split or data.eval_split
   rng = jax.random.key(seed)
   eval_fn = jax.jit(lambda p, b, k: model.eval_fn(p, b, k, num_samples)[1], in_shardings=(
@@ -148,10 +170,15 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
                           f"reading {data.task}/{split}"))
   result: dict[str, Any] = {"step": step, "task": data.task, "split": split,
                             "num_samples": num_samples}
-  result.update(teacher_forced_metrics(eval_fn, params, progress(batches, "teacher-forced pass"),
-                                       partitioner, jax.random.fold_in(rng, 1)))
+  if isinstance(params, Ensemble):  # no posterior mean: its members' average only
+    result.update(num_samples=params.size, ensemble=[str(model_dir), *ensemble_dirs])
+  else:
+    result.update(teacher_forced_metrics(eval_fn, params, progress(
+        batches, "teacher-forced pass"), partitioner, jax.random.fold_in(rng, 1)))
   variants = predictive_eval.predictives(model.is_bayesian or holds_posterior(params),
                                          num_samples)
+  if isinstance(params, Ensemble):
+    variants = [predictive_eval.Predictive("model_average", params.size)]
   if temperature_scaling:
     if temperature_split == split:
       print(f"warning: the temperature is fitted on the evaluated split {split!r}",

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from meshbayes import predictive
 from meshbayes.layers import (
   KL_COLLECTION,
+  Ensemble,
   holds_posterior,
   kl_penalty,
   posterior_mean,
@@ -206,9 +207,12 @@ class EncoderDecoderModel(BaseModel):
 
   def _sample_keys(self, params: Any, rng: Array | None, num_samples: int
                    ) -> tuple[Array, bool]:
-    """Keys of the weight samples, and whether to use the posterior mean instead."""
+    """Keys of the weight samples (an ``Ensemble``'s member indices: all of them, each
+    once), and whether to use the posterior mean instead."""
     if num_samples == 0 or not (self.is_bayesian or holds_posterior(params)):
       return jax.random.key(0)[None], True
+    if isinstance(params, Ensemble):
+      return jnp.arange(params.size), False
     if rng is None:
       raise ValueError(f"num_samples={num_samples} posterior samples need an rng")
     return jax.random.split(rng, num_samples), False
@@ -343,8 +347,12 @@ class EncoderDecoderModel(BaseModel):
       # Each sample's weights are drawn once, here, and decoded at their "posterior mean";
       # only the drawn leaves are stacked (S copies), the rest shared.
       axis = None if mean else sample_axes(params)
-      weights = (posterior_mean(params) if mean else
-                 jax.vmap(lambda key: sample_weights(params, key), out_axes=axis)(keys))
+      if mean:
+        weights = posterior_mean(params)
+      elif isinstance(params, Ensemble):  # already stacked
+        weights = params.members
+      else:
+        weights = jax.vmap(lambda key: sample_weights(params, key), out_axes=axis)(keys)
       per_sample = lambda fn, *axes: jax.vmap(fn, in_axes=(axis, *axes), axis_size=num_samples)
     else:  # "regenerated": one sample's weights at a time, drawn again at each step
       weights = keys

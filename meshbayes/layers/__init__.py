@@ -51,7 +51,12 @@ from meshbayes.layers.priors import (
                                     normal_kl,
 )
 from meshbayes.layers.variational import SAMPLE_RNG, posterior_part, sample_axes, sample_weights
-from meshbayes.layers.weight_posterior import WeightPosterior, holds_posterior, posterior_mean
+from meshbayes.layers.weight_posterior import (
+                                    Ensemble,
+                                    WeightPosterior,
+                                    holds_posterior,
+                                    posterior_mean,
+)
 from meshbayes.layers.variational_dropout import (
                                     ConvVariationalDropout,
                                     DenseVariationalDropout,
@@ -62,6 +67,7 @@ from meshbayes.layers.variational_dropout import (
 )
 
 __all__ = [
+                                    "Ensemble",
                                     "Bayesianized",
                                     "bayesianize",
                                     "moped_init",

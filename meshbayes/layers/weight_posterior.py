@@ -67,11 +67,39 @@ class WeightPosterior(NamedTuple):
     return jax.lax.map(self.sample, jax.random.split(key, num_samples))
 
 
+class Ensemble(NamedTuple):
+  """A deep ensemble (Lakshminarayanan et al., 2017): ``K`` independently trained
+  models' parameters stacked on a leading axis, a uniform mixture.
+
+  It takes the place of ``params`` as a ``WeightPosterior`` does; its "samples"
+  are its members, each exactly once: ``sample(i)`` is member ``i``, and
+  model averaging over an ensemble averages its ``K`` members.
+  """
+
+  members: Any
+
+  @property
+  def size(self) -> int:
+    return jax.tree.leaves(self.members)[0].shape[0]
+
+  def sample(self, index: Array) -> Any:
+    """Member ``index`` (an integer, traced or not)."""
+    return jax.tree.map(lambda x: x[index], self.members)
+
+  @classmethod
+  def stack(cls, members: list[Any]) -> Ensemble:
+    """The ensemble of parameter trees of one model (one per member)."""
+    return cls(jax.tree.map(lambda *xs: jnp.stack(xs), *members))
+
+
 def posterior_mean(params: Any) -> Any:
-  """The weights to use at the posterior mean: ``params`` itself, or a ``WeightPosterior``'s mean."""
+  """The weights to use at the posterior mean: ``params`` itself, or a ``WeightPosterior``'s
+  mean. An ``Ensemble`` has none; its first member stands in where only shapes matter."""
+  if isinstance(params, Ensemble):
+    return params.sample(0)
   return params.mean if isinstance(params, WeightPosterior) else params
 
 
 def holds_posterior(params: Any) -> bool:
-  """Whether ``params`` is a ``WeightPosterior`` (weights can be sampled from it)."""
-  return isinstance(params, WeightPosterior)
+  """Whether ``params`` is a ``WeightPosterior`` or an ``Ensemble`` (it has samples)."""
+  return isinstance(params, (WeightPosterior, Ensemble))

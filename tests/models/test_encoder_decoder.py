@@ -12,6 +12,7 @@ from meshbayes import layers
 from meshbayes.layers import KL_COLLECTION, total_kl
 from meshbayes.models.encoder_decoder import EncoderDecoderModel, cross_entropy
 from meshbayes.models.transformer import TransformerConfig
+from meshbayes.models.transformer.config import Estimators
 from tests.models.synthetic import make_batch
 
 CONFIG = TransformerConfig(vocab_size=8, emb_dim=16, num_heads=2, head_dim=8,
@@ -141,3 +142,40 @@ def test_bayesian_model_average_scores_against_brute_force():
 def test_model_errors(kwargs, match):
   with pytest.raises(ValueError, match=match):
     EncoderDecoderModel(CONFIG, **({"num_train_units": 10} | kwargs))
+
+
+def test_a_deep_ensemble_is_averaged_over_its_members_by_the_model_average_path():
+  """Three deterministic members (three seeds): score_batch with an Ensemble is the log
+  of the mean of the members' token probabilities, whatever num_samples > 0 asks, and
+  greedy decoding's scores are those outputs' scores under the same mixture."""
+  model = EncoderDecoderModel(CONFIG.replace(estimators=Estimators.deterministic()),
+                              num_train_units=500.0)
+  batch = {k: jnp.asarray(v) for k, v in make_batch(np.random.default_rng(0), 3, 6, 8).items()}
+  shapes = {k: v.shape for k, v in batch.items()}
+  members = [jax.jit(lambda k: nn.unbox(model.get_initial_variables(k, shapes)["params"]))(
+      jax.random.key(seed)) for seed in range(3)]
+  ensemble = layers.Ensemble.stack(members)
+  assert ensemble.size == 3
+  probs = jax.jit(lambda p: jax.nn.softmax(model.module.apply(
+      {"params": p}, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
+      batch["decoder_target_tokens"], deterministic=True)))
+  average = np.mean([np.asarray(probs(p), np.float64) for p in members], 0)
+  targets, weights = np.asarray(batch["decoder_target_tokens"]), np.asarray(
+      batch["decoder_loss_weights"])
+  expected = np.log(np.take_along_axis(average, targets[..., None], -1)[..., 0]) * weights
+  for num_samples in (1, 5):
+    _, aux = jax.jit(functools.partial(model.score_batch, num_samples=num_samples))(
+        ensemble, batch, jax.random.key(0))
+    np.testing.assert_allclose(aux["token_log_probs"], expected, rtol=1e-4, atol=1e-6)
+    assert aux["sample_log_probs"].shape == (3, 3)
+  tokens, decoded = jax.jit(functools.partial(
+      model.predict_batch_with_aux, method="greedy", num_samples=3, max_length=6))(
+          ensemble, batch, jax.random.key(0))
+  outputs = np.asarray(tokens)
+  rescoring = {"encoder_input_tokens": batch["encoder_input_tokens"],
+               "decoder_target_tokens": jnp.asarray(outputs),
+               "decoder_input_tokens": jnp.pad(jnp.asarray(outputs)[:, :-1], [(0, 0), (1, 0)]),
+               "decoder_loss_weights": jnp.asarray(outputs > 0, jnp.float32)}
+  log_probs, _ = jax.jit(functools.partial(model.score_batch, num_samples=3))(
+      ensemble, rescoring, jax.random.key(0))
+  np.testing.assert_allclose(decoded["scores"], log_probs, rtol=1e-4)
