@@ -103,7 +103,7 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
              ood_files: Mapping[str, str] | None = None, ood_shuffled_words: bool = False,
              max_ood_examples: int = 1000, temperature_scaling: bool = False,
              temperature_split: str = "validation", ensemble_dirs: Sequence[str] = (),
-             seed: int = 0) -> dict[str, Any]:
+             sample_agreement: bool = False, seed: int = 0) -> dict[str, Any]:
   """Evaluates a checkpoint on a split: quality, calibration and uncertainty.
 
   Reports the posterior-mean teacher-forced metrics (NLL, accuracy, the
@@ -150,6 +150,10 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
       ensemble, a uniform mixture through the model-averaging path (its
       ``model_average`` over all members; ``num_samples`` must be > 0); the
       results go to ``model_dir``.
+    sample_agreement: also decode with each of the model average's samples alone
+      and report ``bleu_disagreement`` (100 minus their mean pairwise sentence
+      BLEU) among the uncertainty measures, OOD report included (``S`` more
+      decodes of every input).
     seed: seed of weight samples and sampling.
 
   Returns:
@@ -207,7 +211,7 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
   if decode:
     _decode_split(result, reliability, model, params, data, batches, partitioner, variants,
                   rng, num_bins, out_dir, ood_files or {}, ood_shuffled_words, max_ood_examples,
-                  method=decode_method, beam_size=beam_size)
+                  method=decode_method, beam_size=beam_size, sample_agreement=sample_agreement)
   if jax.process_index() == 0:  # every process holds the same results
     (out_dir / "reliability.json").write_text(json.dumps(_jsonable(reliability)))
     with (out_dir / "reliability.png").open("wb") as png:

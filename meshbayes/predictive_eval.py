@@ -224,7 +224,8 @@ def _as_targets(outputs: Sequence[list[int]], length: int, eos_id: int) -> Batch
 
 def decode_and_score(model: BaseModel, params: Any, input_batches: Iterable[np.ndarray],
                      partitioner: Partitioner, predictive: Predictive, rng: jax.Array,
-                     max_length: int, eos_id: int, **decode_kwargs: Any) -> list[Decoded]:
+                     max_length: int, eos_id: int, sample_agreement: bool = False,
+                     **decode_kwargs: Any) -> list[Decoded]:
   """Decodes each row of ``input_batches`` (``(batch, input length)`` token ids, all-zero
   rows skipped) and scores the outputs under the same predictive distribution: for a
   model average, under the very weight samples that decoded them.
@@ -238,6 +239,11 @@ def decode_and_score(model: BaseModel, params: Any, input_batches: Iterable[np.n
     rng: key of weight samples and sampling.
     max_length: most output tokens, EOS included.
     eos_id: end of sequence.
+    sample_agreement: for a model average, also decode with each of its ``S``
+      samples alone and add ``bleu_disagreement`` to each record's measures:
+      100 minus the mean sentence BLEU between the samples' own outputs over
+      all ordered pairs (Malinin and Gales's "BLEU variance"; token ids as
+      words). ``S`` more decodes.
     **decode_kwargs: ``predict_batch_with_aux`` options (``method``, ``beam_size``).
 
   Returns:
@@ -250,6 +256,12 @@ def decode_and_score(model: BaseModel, params: Any, input_batches: Iterable[np.n
                    in_shardings=(param_shardings, batch_sharding, None))
   score = jax.jit(functools.partial(model.score_batch, **predictive.score_options),
                   in_shardings=(param_shardings, batch_sharding, None))
+  decode_alone = jax.jit(
+      lambda params, batch, key, index: model.predict_batch_with_aux(
+          params, batch, key, max_length=max_length, sample_index=index,
+          **predictive.score_options, **decode_kwargs)[0],
+      in_shardings=(param_shardings, batch_sharding, None, None))
+  num_samples = predictive.num_samples if sample_agreement else 0
   records = []
   with partitioner.activation_rules():
     for i, inputs in enumerate(input_batches):
@@ -261,12 +273,33 @@ def decode_and_score(model: BaseModel, params: Any, input_batches: Iterable[np.n
       log_probs, aux = jax.device_get(score(params, partitioner.global_batch(batch), key))
       counts = batch["decoder_loss_weights"].sum(-1)
       measures = _measures(log_probs, aux, counts)
+      if num_samples > 1:
+        each = [[until_eos(row, eos_id) for row in jax.device_get(decode_alone(
+            params, partitioner.global_batch({"encoder_input_tokens": inputs}), key, s))]
+                for s in range(num_samples)]
+        measures["bleu_disagreement"] = 100.0 - np.array(
+            [pairwise_bleu([outputs[row] for outputs in each]) for row in range(len(inputs))])
       for row in np.flatnonzero(inputs.any(-1)):
         row_measures = {name: float(value[row]) for name, value in measures.items()}
         records.append(Decoded(tuple(outputs[row]), float(log_probs[row]), int(counts[row]),
                                row_measures["total_uncertainty"],
                                row_measures.get("mutual_information", 0.0), row_measures))
   return records
+
+
+def pairwise_bleu(outputs: Sequence[Sequence[int]]) -> float:
+  """Mean sentence BLEU of each output against each other one (ordered pairs), token ids
+  as words; 100 when all agree.
+
+  >>> pairwise_bleu([[5, 6, 7, 8], [5, 6, 7, 8], []]) == 100 / 3
+  True
+  """
+  texts = [" ".join(map(str, ids)) for ids in outputs]
+  pairs = [(a, b) for i, a in enumerate(texts) for j, b in enumerate(texts) if i != j]
+  scores = np.clip(metrics.sentence_bleus([a for a, _ in pairs], [b for _, b in pairs],
+                                          tokenize="none"), 0.0, 100.0)
+  # Identical outputs agree fully, empty ones included (BLEU gives those 0).
+  return float(np.mean([100.0 if a == b else x for (a, b), x in zip(pairs, scores)]))
 
 
 def _measures(log_probs: np.ndarray, aux: Mapping[str, np.ndarray], counts: np.ndarray

@@ -266,7 +266,8 @@ class EncoderDecoderModel(BaseModel):
                              beam_size: int = 4, alpha: float = 0.6, num_decodes: int = 1,
                              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                              num_samples: int = 0, max_length: int | None = None,
-                             calibration_temperature: float = 1.0):
+                             calibration_temperature: float = 1.0,
+                             sample_index: int | Array | None = None):
     """Decodes the inputs.
 
     Args:
@@ -288,6 +289,8 @@ class EncoderDecoderModel(BaseModel):
       calibration_temperature: rescales the predictive distribution of every
         step (and so the scores), as in ``score_batch``; unlike ``temperature``,
         it applies to every method.
+      sample_index: decode with weight sample ``sample_index`` alone, of the
+        ``num_samples`` this ``rng`` defines (an ``Ensemble``: that member).
 
     Returns:
       ``(tokens (batch, length), aux)``: the best decode, and ``aux`` with
@@ -304,7 +307,8 @@ class EncoderDecoderModel(BaseModel):
     # The weight samples are score_batch's for the same rng; sampling's keys are apart.
     decode_rng = jax.random.fold_in(rng, _DECODE_STREAM)
     step_fn, reorder, cache = self.incremental_decoder(params, inputs, max_length, rng,
-                                                       num_samples, calibration_temperature)
+                                                       num_samples, calibration_temperature,
+                                                       sample_index)
     common = dict(batch_size=batch_size, max_length=max_length, eos_id=self.eos_id,
                   vocab_mask=jnp.arange(self.config.vocab_size) != 0)
     if method == "beam":
@@ -323,7 +327,8 @@ class EncoderDecoderModel(BaseModel):
 
   def incremental_decoder(self, params: Any, inputs: Array, max_length: int,
                           rng: Array | None = None, num_samples: int = 0,
-                          calibration_temperature: float = 1.0):
+                          calibration_temperature: float = 1.0,
+                          sample_index: int | Array | None = None):
     """The step function, cache reordering and initial cache for ``models.decoding``.
 
     Args:
@@ -335,12 +340,15 @@ class EncoderDecoderModel(BaseModel):
         next-token distributions are averaged.
       calibration_temperature: temperature of the (averaged) next-token
         distribution.
+      sample_index: keep only this one of the weight samples.
 
     Returns:
       ``(step_fn, reorder, cache)``. The cache holds, for each weight sample
       (a leading axis), the encoder outputs and the decoder's key/value cache.
     """
     keys, mean = self._sample_keys(params, rng, num_samples)
+    if sample_index is not None and not mean:
+      keys = keys[sample_index][None]
     num_samples = keys.shape[0]
     module = self.module
     if mean or self.decode_weights == "stored":
@@ -349,7 +357,7 @@ class EncoderDecoderModel(BaseModel):
       axis = None if mean else sample_axes(params)
       if mean:
         weights = posterior_mean(params)
-      elif isinstance(params, Ensemble):  # already stacked
+      elif isinstance(params, Ensemble) and sample_index is None:  # already stacked
         weights = params.members
       else:
         weights = jax.vmap(lambda key: sample_weights(params, key), out_axes=axis)(keys)

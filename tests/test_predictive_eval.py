@@ -118,7 +118,8 @@ def test_decode_and_score_reports_each_outputs_probability(setup):
   variant = predictive_eval.Predictive("model_average", 2)
   inputs = [b["encoder_input_tokens"] for b in batches]
   records = predictive_eval.decode_and_score(MODEL, params, inputs, partitioner, variant,
-                                             jax.random.key(1), LENGTH, EOS, method="greedy")
+                                             jax.random.key(1), LENGTH, EOS, method="greedy",
+                                             sample_agreement=True)
   assert len(records) == 13  # padding rows skipped
   unboxed = nn.unbox(params)
   # Rescore the first batch's outputs with the model's own score_batch.
@@ -147,10 +148,17 @@ def test_decode_and_score_reports_each_outputs_probability(setup):
                                rtol=1e-3, atol=1e-7)
     assert 0 < records[row].confidence <= records[row].length_normalized_confidence <= 1
     measures = records[row].measures
-    assert set(measures) == set(predictive.TOKEN_MEASURES + predictive.SEQUENCE_MEASURES)
+    assert set(measures) == set(predictive.TOKEN_MEASURES + predictive.SEQUENCE_MEASURES
+                                + ("bleu_disagreement",))
     np.testing.assert_allclose(measures["reverse_mutual_information"],
                                float(aux["token_reverse_mutual_information"].sum()) / len(ids),
                                rtol=1e-3, atol=1e-7)
+    alone = [predictive_eval.until_eos(np.asarray(jax.jit(
+        lambda p, b, i: MODEL.predict_batch_with_aux(
+            p, b, key, method="greedy", num_samples=2, max_length=LENGTH, sample_index=i)[0])(
+                unboxed, {"encoder_input_tokens": inputs[0]}, s)[row]), EOS) for s in range(2)]
+    np.testing.assert_allclose(measures["bleu_disagreement"],
+                               100 - predictive_eval.pairwise_bleu(alone), atol=1e-9)
     sample_log_probs = np.asarray(aux["sample_log_probs"][:, 0], np.float64)  # (S=2,)
     np.testing.assert_allclose(measures["sequence_data_uncertainty"],
                                -sample_log_probs.mean() / len(ids), rtol=1e-4)

@@ -40,7 +40,7 @@ ROWS = (
 OOD_SCORES = ("mutual_information", "reverse_mutual_information", "expected_pairwise_kl",
               "total_uncertainty", "entropy", "data_uncertainty",
               "sequence_reverse_mutual_information", "sequence_total_uncertainty",
-              "sequence_data_uncertainty")
+              "sequence_data_uncertainty", "bleu_disagreement")
 
 
 def load(run: Path, task: str) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -249,3 +249,20 @@ def test_regenerated_decode_weights_decode_the_same_samples_in_one_copy_of_memor
   assert growth["regenerated"] < weight_bytes
   with pytest.raises(ValueError, match="decode_weights='x' must be one of"):
     EncoderDecoderModel(config, num_train_units=1000, decode_weights="x")
+
+
+def test_decoding_with_one_of_the_samples_alone():
+  """sample_index=s decodes with the s-th of the S weight samples the rng defines: the
+  posterior-mean decode of those sampled weights."""
+  model, params, batch = tiny_model()
+  rng = jax.random.key(4)
+  alone = jitted(model.predict_batch_with_aux, method="greedy", num_samples=3)
+  for s in range(3):
+    tokens, aux = jax.jit(lambda p, b, k, i: model.predict_batch_with_aux(
+        p, b, k, method="greedy", num_samples=3, sample_index=i))(params, batch, rng, s)
+    weights = layers.sample_weights(params, jax.random.split(rng, 3)[s])
+    expected, expected_aux = jitted(model.predict_batch_with_aux, method="greedy")(
+        weights, batch, rng)
+    np.testing.assert_array_equal(tokens, expected)
+    np.testing.assert_allclose(aux["scores"], expected_aux["scores"], rtol=1e-5)
+  assert alone(params, batch, rng)[0].shape == tokens.shape
