@@ -101,6 +101,7 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
              split: str | None = None, decode: bool = True, decode_method: str = "beam",
              beam_size: int = 4, num_samples: int = 4, num_bins: int = metrics.DEFAULT_NUM_BINS,
              ood_files: Mapping[str, str] | None = None, ood_shuffled_words: bool = False,
+             ood_targets_as_inputs: bool = False,
              max_ood_examples: int = 1000, temperature_scaling: bool = False,
              temperature_split: str = "validation", ensemble_dirs: Sequence[str] = (),
              sample_agreement: bool = False, seed: int = 0) -> dict[str, Any]:
@@ -136,6 +137,9 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
     num_bins: equal-width calibration bins.
     ood_files: name -> text file of out-of-distribution inputs, one per line
       (relative paths are relative to the data directory, ``make data``'s).
+    ood_targets_as_inputs: also use the split's references (the target
+      language: French for an English-French model) as inputs, an
+      out-of-distribution set models tend to copy confidently.
     ood_shuffled_words: also use the split's inputs with their words shuffled
       as an out-of-distribution set.
     max_ood_examples: at most this many inputs per out-of-distribution set, and
@@ -210,7 +214,8 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
   out_dir.mkdir(parents=True, exist_ok=True)
   if decode:
     _decode_split(result, reliability, model, params, data, batches, partitioner, variants,
-                  rng, num_bins, out_dir, ood_files or {}, ood_shuffled_words, max_ood_examples,
+                  rng, num_bins, out_dir, ood_files or {}, ood_shuffled_words,
+                  ood_targets_as_inputs, max_ood_examples,
                   method=decode_method, beam_size=beam_size, sample_agreement=sample_agreement)
   if jax.process_index() == 0:  # every process holds the same results
     (out_dir / "reliability.json").write_text(json.dumps(_jsonable(reliability)))
@@ -234,7 +239,8 @@ def _decode_split(result: dict[str, Any], reliability: dict[str, dict[str, Any]]
                   partitioner: Partitioner, variants: list[predictive_eval.Predictive],
                   rng: jax.Array, num_bins: int, out_dir: epath.Path,
                   ood_files: Mapping[str, str],
-                  ood_shuffled_words: bool, max_ood_examples: int, **decode_kwargs: Any
+                  ood_shuffled_words: bool, ood_targets_as_inputs: bool,
+                  max_ood_examples: int, **decode_kwargs: Any
                   ) -> None:
   """Decodes the split with each predictive: BLEU and sequence calibration into
   ``result['decoding']``, the sequence reliability bins into ``reliability``, and
@@ -279,6 +285,8 @@ def _decode_split(result: dict[str, Any], reliability: dict[str, dict[str, Any]]
   sources = [input_texts[i] for i in np.sort(first)][:max_ood_examples]
   ood_inputs = {name: read_lines(paths.data_dir() / path, skip_empty=True)[:max_ood_examples]
                 for name, path in ood_files.items()}
+  if ood_targets_as_inputs:
+    ood_inputs["targets_as_inputs"] = list(dict.fromkeys(references))[:max_ood_examples]
   if ood_shuffled_words:
     ood_inputs["shuffled_words"] = _shuffled_words(sources, seed=0)
   if ood_inputs:

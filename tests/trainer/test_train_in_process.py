@@ -211,7 +211,8 @@ def test_evaluate_infer_and_show_a_trained_run(trained, tmp_path, capsys):
                          "--gin.evaluate.decode_method='greedy'",
                          "--gin.evaluate.ood_shuffled_words=True",
                          "--gin.evaluate.max_ood_examples=100",
-                         "--gin.evaluate.temperature_scaling=True")
+                         "--gin.evaluate.temperature_scaling=True",
+                         "--gin.evaluate.ood_targets_as_inputs=True")
   assert code == 0, err[-2000:]
   out_dir = trained / "eval" / "synthetic_reverse"
   metrics = json.loads((out_dir / "metrics.json").read_text())
@@ -225,6 +226,8 @@ def test_evaluate_infer_and_show_a_trained_run(trained, tmp_path, capsys):
   assert set(metrics["decoding"]) == set(metrics["predictives"])
   assert 0 <= metrics["token_calibration"]["model_average"]["ece"] <= 1
   assert metrics["ood"]["shuffled_words"]["num_examples"] == 100
+  assert metrics["ood"]["targets_as_inputs"]["num_examples"] == 100
+  assert 0 <= metrics["ood"]["targets_as_inputs"]["fpr95_mutual_information"] <= 1
   for name in metrics["predictives"]:
     assert len((out_dir / f"predictions_{name}.jsonl").read_text().splitlines()) == 512
   assert (out_dir / "reliability.png").stat().st_size > 0
