@@ -1,11 +1,20 @@
 """Bayesian layers: drop-in flax layers whose weights are normal posteriors.
 
 Each layer keeps its flax twin's constructor and call; see ``dense``,
-``embed``, ``conv`` and ``variational_dropout``. Estimators are pure functions in ``estimators``; priors and their
-KL in ``priors``; how the recorded KL enters a loss in ``kl``.
+``embed``, ``conv``, ``variational_dropout`` and ``attention``; ``bayesianize``
+makes any flax model of flax's own layers Bayesian. Estimators are pure
+functions in ``estimators``; priors and their KL in ``priors``; how the
+recorded KL enters a loss in ``kl``.
 """
 
 from meshbayes.layers import estimators
+from meshbayes.layers.attention import (
+                                    MultiHeadDotProductAttention,
+                                    MultiHeadDotProductAttentionFlipout,
+                                    MultiHeadDotProductAttentionLocalReparameterization,
+                                    MultiHeadDotProductAttentionReparameterization,
+                                    attention_class,
+)
 from meshbayes.layers.bayesianize import Bayesianized, bayesianize, moped_init
 from meshbayes.layers.conv import (
                                     Conv,
@@ -67,6 +76,11 @@ from meshbayes.layers.variational_dropout import (
 )
 
 __all__ = [
+                                    "MultiHeadDotProductAttention",
+                                    "MultiHeadDotProductAttentionFlipout",
+                                    "MultiHeadDotProductAttentionLocalReparameterization",
+                                    "MultiHeadDotProductAttentionReparameterization",
+                                    "attention_class",
                                     "Ensemble",
                                     "Bayesianized",
                                     "bayesianize",

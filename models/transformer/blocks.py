@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from meshbayes.layers import NormalPrior, dense_general_class, fan_in_stddev
+from meshbayes.layers.attention import attention_class
 from meshbayes.models.transformer.config import TransformerConfig
 
 Array = jax.Array
@@ -26,7 +27,6 @@ _ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
     "linear": lambda x: x,
 }
 BATCH_LENGTH_EMBED = ("batch", "length", "embed")
-_NEG_INF = -1e10
 
 
 def compute_dtype(config: TransformerConfig):
@@ -105,75 +105,64 @@ class RelativePositionBias(nn.Module):
     return jnp.take(table, buckets, axis=1)[None]
 
 
-class MultiHeadAttention(nn.Module):
-  """Multi-head dot-product attention with Bayesian projections.
+def _weighted_values(subscripts: str, weights: Array, value: Array) -> Array:
+  return jnp.einsum(subscripts, weights.astype(value.dtype), value)
 
-  In ``decode`` mode keys and values are kept in a ``'cache'`` collection and
-  the inputs are one position at a time: the first call (on a full-length
-  dummy input) only creates the cache.
+
+# flax's attention with the logits accumulated (and, with force_fp32_for_softmax, normalized)
+# in float32 whatever the compute dtype; the weights return to it before meeting the values.
+_float32_logits_attention = functools.partial(
+    nn.dot_product_attention,
+    qk_attn_weights_einsum=functools.partial(jnp.einsum, preferred_element_type=jnp.float32),
+    attn_weights_value_einsum=_weighted_values)
+
+
+class MultiHeadAttention(nn.Module):
+  """Multi-head dot-product attention with Bayesian projections: the public layer, configured.
+
+  ``meshbayes.layers.attention``'s layer of the given estimator, sharing this
+  module's scope, so its ``query``, ``key``, ``value`` and ``out`` (and the
+  ``decode`` cache) sit directly under this module. In ``decode`` mode keys
+  and values are kept in a ``'cache'`` collection and the inputs are one
+  position at a time: the first call (on a full-length dummy input) only
+  creates the cache.
 
   Attributes:
     config: the model configuration.
-    estimator: estimator of the four projections.
+    component: ``attention`` or ``cross_attention``: which of the config's
+      estimators (and ``one_sample_per_sequence``) the four projections take.
     enable_dropout: dropout on attention weights.
     deterministic: Bayesian projections use their posterior mean.
     decode: incremental decoding with a key/value cache.
   """
 
   config: TransformerConfig
-  estimator: str
+  component: str
   enable_dropout: bool = False
   deterministic: bool = False
   decode: bool = False
 
-  @nn.compact
+  def setup(self):
+    cfg = self.config
+    self.attention = attention_class(getattr(cfg.estimators, self.component))(
+        num_heads=cfg.num_heads, qkv_features=cfg.num_heads * cfg.head_dim,
+        out_features=cfg.emb_dim, dtype=compute_dtype(cfg), use_bias=False,
+        kernel_init=nn.initializers.variance_scaling(1.0, "fan_in", "normal"),
+        # Dropout only under enable_dropout. The layer also drops nothing when deterministic
+        # (posterior mean), a combination training never asks for.
+        dropout_rate=cfg.dropout_rate if self.enable_dropout else 0.0, broadcast_dropout=False,
+        deterministic=self.deterministic, decode=self.decode,
+        attention_fn=_float32_logits_attention, force_fp32_for_softmax=True,
+        activation_axes=("batch", "length", "heads", "kv"),
+        kernel_stddev_init=fan_in_stddev(cfg.posterior_stddev_ratio),
+        prior=NormalPrior(stddev=cfg.prior_stddev),
+        one_sample_per_example=self.component in cfg.one_sample_per_sequence)
+    nn.share_scope(self, self.attention)
+
   def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Array | None,
                bias: Array | None) -> Array:
-    cfg = self.config
-    projection = functools.partial(
-        dense_general, cfg, self.estimator, features=(cfg.num_heads, cfg.head_dim),
-        kernel_init=nn.initializers.variance_scaling(1.0, "fan_in", "normal"),
-        kernel_axes=("embed", "heads", "kv"))
-    heads = ("batch", "length", "heads", "kv")
-    query = nn.with_logical_constraint(
-        projection(name="query")(inputs_q, self.deterministic), heads)
-    key = nn.with_logical_constraint(projection(name="key")(inputs_kv, self.deterministic), heads)
-    value = nn.with_logical_constraint(
-        projection(name="value")(inputs_kv, self.deterministic), heads)
-
-    if self.decode:
-      key, value, mask = self._cached(key, value, mask)
-
-    logits = jnp.einsum("bqhd,bkhd->bhqk", query, key,
-                        preferred_element_type=jnp.float32) / math.sqrt(cfg.head_dim)
-    if bias is not None:
-      logits = logits + bias
-    if mask is not None:
-      logits = jnp.where(mask, logits, _NEG_INF)
-    weights = jax.nn.softmax(logits, axis=-1).astype(compute_dtype(cfg))
-    weights = nn.Dropout(cfg.dropout_rate)(weights, deterministic=not self.enable_dropout)
-    attended = jnp.einsum("bhqk,bkhd->bqhd", weights, value)
-    out = dense_general(cfg, self.estimator, features=cfg.emb_dim, axis=(-2, -1),
-                        kernel_init=nn.initializers.variance_scaling(1.0, "fan_in", "normal"),
-                        kernel_axes=("heads", "kv", "embed"), name="out")
-    return nn.with_logical_constraint(out(attended, self.deterministic), BATCH_LENGTH_EMBED)
-
-  def _cached(self, key: Array, value: Array, mask: Array | None
-              ) -> tuple[Array, Array, Array | None]:
-    """Writes this step's key and value into the cache; returns all of them and a mask."""
-    initialized = self.has_variable("cache", "cached_key")
-    cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
-    cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
-    index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
-    if not initialized:
-      return key, value, mask
-    position = index.value
-    cached_key.value = lax.dynamic_update_slice(cached_key.value, key, (0, position, 0, 0))
-    cached_value.value = lax.dynamic_update_slice(cached_value.value, value, (0, position, 0, 0))
-    index.value = position + 1
-    # The query at `position` sees the cache up to and including itself.
-    visible = (jnp.arange(cached_key.value.shape[1]) <= position)[None, None, None, :]
-    return cached_key.value, cached_value.value, visible if mask is None else mask & visible
+    out = self.attention(inputs_q, inputs_kv, mask=mask, bias=bias)
+    return nn.with_logical_constraint(out, BATCH_LENGTH_EMBED)
 
 
 class MlpBlock(nn.Module):
@@ -193,16 +182,19 @@ class MlpBlock(nn.Module):
   def __call__(self, x: Array) -> Array:
     cfg = self.config
     init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+    per_sequence = {"one_sample_per_example": "mlp" in cfg.one_sample_per_sequence}
     hidden = None
     for i, activation in enumerate(cfg.mlp_activations):
       name = "wi" if len(cfg.mlp_activations) == 1 else f"wi_{i}"
       h = dense_general(cfg, cfg.estimators.mlp, features=cfg.mlp_dim, kernel_init=init,
-                        kernel_axes=("embed", "mlp"), name=name)(x, self.deterministic)
+                        kernel_axes=("embed", "mlp"), name=name, **per_sequence)(
+                            x, self.deterministic)
       h = _ACTIVATIONS[activation](h)
       hidden = h if hidden is None else hidden * h
     hidden = nn.with_logical_constraint(hidden, ("batch", "length", "mlp"))
     hidden = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(
         hidden, deterministic=not self.enable_dropout)
     out = dense_general(cfg, cfg.estimators.mlp, features=cfg.emb_dim, kernel_init=init,
-                        kernel_axes=("mlp", "embed"), name="wo")(hidden, self.deterministic)
+                        kernel_axes=("mlp", "embed"), name="wo", **per_sequence)(
+                            hidden, self.deterministic)
     return nn.with_logical_constraint(out, BATCH_LENGTH_EMBED)

@@ -9,6 +9,7 @@ from meshbayes.layers import ESTIMATORS
 ACTIVATIONS = ("relu", "gelu", "silu", "linear")
 REMAT_POLICIES = ("none", "full", "minimal")
 DTYPES = ("float32", "bfloat16")
+SEQUENCE_SAMPLED = ("attention", "cross_attention", "mlp")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +82,11 @@ class TransformerConfig:
     prior_stddev: standard deviation of the N(0, s^2) prior of Bayesian weights.
     posterior_stddev_ratio: initial posterior stddev as a fraction of
       ``1 / sqrt(fan_in)`` (see ``meshbayes.layers.initializers``).
+    one_sample_per_sequence: components (``attention``, ``cross_attention``,
+      ``mlp``) whose Flipout draws one weight sample per sequence (signs per
+      example, shared over its positions: the objective prediction uses) rather
+      than one per position; reparameterization always does, and local
+      reparameterization cannot.
   """
 
   vocab_size: int = 32128
@@ -101,9 +107,19 @@ class TransformerConfig:
   estimators: Estimators = Estimators()
   prior_stddev: float = 1.0
   posterior_stddev_ratio: float = 0.1
+  one_sample_per_sequence: tuple[str, ...] = ()
 
   def __post_init__(self):
     object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
+    object.__setattr__(self, "one_sample_per_sequence", tuple(self.one_sample_per_sequence))
+    for component in self.one_sample_per_sequence:
+      if component not in SEQUENCE_SAMPLED:
+        raise ValueError(f"TransformerConfig: one_sample_per_sequence names {component!r}; "
+                         f"components: {', '.join(SEQUENCE_SAMPLED)}")
+      if getattr(self.estimators, component) == "local_reparameterization":
+        raise ValueError(f"TransformerConfig: one_sample_per_sequence names {component!r}, "
+                         "whose estimator local_reparameterization samples each position; "
+                         "use flipout or reparameterization there")
     for name in ("vocab_size", "emb_dim", "num_heads", "head_dim", "num_encoder_layers",
                  "num_decoder_layers", "mlp_dim", "relpos_num_buckets", "relpos_max_distance"):
       if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:

@@ -52,7 +52,7 @@ class EncoderLayer(nn.Module):
     cfg, dropout = self.config, nn.Dropout(self.config.dropout_rate, broadcast_dims=(-2,))
     flags = dict(enable_dropout=self.enable_dropout, deterministic=self.deterministic)
     h = RMSNorm(compute_dtype(cfg), name="pre_attention_norm")(x)
-    h = MultiHeadAttention(cfg, cfg.estimators.attention, name="attention", **flags)(
+    h = MultiHeadAttention(cfg, "attention", name="attention", **flags)(
         h, h, mask, bias)
     x = x + dropout(h, deterministic=not self.enable_dropout)
     h = RMSNorm(compute_dtype(cfg), name="pre_mlp_norm")(x)
@@ -75,11 +75,11 @@ class DecoderLayer(nn.Module):
     cfg, dropout = self.config, nn.Dropout(self.config.dropout_rate, broadcast_dims=(-2,))
     flags = dict(enable_dropout=self.enable_dropout, deterministic=self.deterministic)
     h = RMSNorm(compute_dtype(cfg), name="pre_self_attention_norm")(x)
-    h = MultiHeadAttention(cfg, cfg.estimators.attention, decode=self.decode,
+    h = MultiHeadAttention(cfg, "attention", decode=self.decode,
                            name="self_attention", **flags)(h, h, self_mask, bias)
     x = x + dropout(h, deterministic=not self.enable_dropout)
     h = RMSNorm(compute_dtype(cfg), name="pre_cross_attention_norm")(x)
-    h = MultiHeadAttention(cfg, cfg.estimators.cross_attention,
+    h = MultiHeadAttention(cfg, "cross_attention",
                            name="encoder_decoder_attention", **flags)(h, encoded, cross_mask, None)
     x = x + dropout(h, deterministic=not self.enable_dropout)
     h = RMSNorm(compute_dtype(cfg), name="pre_mlp_norm")(x)

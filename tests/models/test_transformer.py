@@ -114,6 +114,36 @@ def test_config_and_estimator_errors():
     TransformerConfig(num_heads=0)
   with pytest.raises(ValueError, match="remat_policy='some' must be one of"):
     TransformerConfig(remat_policy="some")
+  with pytest.raises(ValueError, match="one_sample_per_sequence names 'logits'; components"):
+    TransformerConfig(one_sample_per_sequence=("logits",))
+  with pytest.raises(ValueError, match="'mlp', whose estimator local_reparameterization"):
+    TransformerConfig(one_sample_per_sequence=("mlp",))
+
+
+def test_one_sample_per_sequence_makes_a_sentences_positions_share_the_attention_sample():
+  """Flipout attention with one_sample_per_sequence: a sequence whose positions repeat
+  one token (no position signal but T5's relative bias, zeroed here) gets identical
+  outputs at every position under any sample, as one weight sample gives; per-position
+  signs make them differ. Same parameters either way."""
+  base = TINY.replace(estimators=Estimators(attention="flipout", cross_attention="flipout",
+                                            mlp="deterministic"), num_encoder_layers=1,
+                      num_decoder_layers=1)
+  tokens = jnp.full((2, 8), 5, jnp.int32)
+
+  def encoded(config):
+    module = Transformer(config)
+    params = module.init(jax.random.key(0), tokens, tokens, tokens)["params"]
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, x: jnp.zeros_like(x) if "rel_embedding" in jax.tree_util.keystr(path)
+        else x, nn.unbox(params))
+    return module.apply({"params": params}, tokens, method=Transformer.encode,
+                        rngs={"sample": jax.random.key(1)})
+
+  shared = encoded(base.replace(one_sample_per_sequence=("attention",)))
+  assert float(jnp.abs(shared - shared[:, :1]).max()) < 1e-5
+  assert float(jnp.abs(shared[0] - shared[1]).max()) > 1e-3  # examples differ
+  per_position = encoded(base)
+  assert float(jnp.abs(per_position - per_position[:, :1]).max()) > 1e-3
 
 
 @pytest.mark.slow  # compiles the model three ways
