@@ -8,6 +8,7 @@ latest (or a given) checkpoint in ``MODEL_DIR`` (local or ``gs://...``, through
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -25,7 +26,7 @@ from meshbayes import metrics, predictive_eval
 from meshbayes.data import paths
 from meshbayes.data.pipeline import TaskData, get_task
 from meshbayes.inference import encode_lines, in_batches, read_lines, restore_params
-from meshbayes.layers import Ensemble, holds_posterior
+from meshbayes.layers import Ensemble, MCDropout, holds_posterior
 from meshbayes.metrics_writer import MetricsWriter, progress
 from meshbayes.models.base import BaseModel
 from meshbayes.partitioning import Partitioner
@@ -51,6 +52,17 @@ def teacher_forced_metrics(eval_fn, params: Any, batches: Iterable[dict[str, np.
       num_tokens += tokens
   return {name: total / max(num_tokens, 1.0) for name, total in totals.items()
           if name != "num_tokens"} | {"num_tokens": num_tokens}
+
+
+def _mc_dropout(model: BaseModel, params: Any, num_samples: int) -> tuple[BaseModel, MCDropout]:
+  """The model with attention-weight dropout off and its parameters as ``MCDropout``."""
+  config = getattr(model, "config", None)
+  if model.is_bayesian or holds_posterior(params) or num_samples < 1 or not getattr(
+      config, "dropout_rate", 0) > 0:
+    raise ValueError("evaluate: mc_dropout=True needs a deterministic run with dropout_rate > 0 "
+                     f"and num_samples > 0 (num_samples={num_samples})")
+  return (dataclasses.replace(model, config=config.replace(attention_dropout_rate=0.0)),
+          MCDropout(params))
 
 
 def _ensemble(params: Any, model_dir: str, ensemble_dirs: Sequence[str], model: BaseModel,
@@ -104,7 +116,8 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
              ood_targets_as_inputs: bool = False,
              max_ood_examples: int = 1000, temperature_scaling: bool = False,
              temperature_split: str = "validation", ensemble_dirs: Sequence[str] = (),
-             sample_agreement: bool = False, seed: int = 0) -> dict[str, Any]:
+             sample_agreement: bool = False, mc_dropout: bool = False,
+             seed: int = 0) -> dict[str, Any]:
   """Evaluates a checkpoint on a split: quality, calibration and uncertainty.
 
   Reports the posterior-mean teacher-forced metrics (NLL, accuracy, the
@@ -154,6 +167,11 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
       ensemble, a uniform mixture through the model-averaging path (its
       ``model_average`` over all members; ``num_samples`` must be > 0); the
       results go to ``model_dir``.
+    mc_dropout: evaluate a deterministic model with Monte Carlo dropout: its
+      model average over ``num_samples`` dropout masks (its training
+      ``dropout_rate``, each mask shared by a sentence's positions, so the same
+      masks decode and score; attention-weight dropout off, as its masks could
+      not be), and its plain self as the posterior mean.
     sample_agreement: also decode with each of the model average's samples alone
       and report ``bleu_disagreement`` (100 minus their mean pairwise sentence
       BLEU) among the uncertainty measures, OOD report included (``S`` more
@@ -167,6 +185,8 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
     raise ValueError(f"evaluate: num_samples={num_samples!r} must be an int >= 0")
   partitioner = partitioner or Partitioner()
   params, step = restore_params(model_dir, model, data, partitioner, checkpoint_step)
+  if mc_dropout:
+    model, params = _mc_dropout(model, params, num_samples)
   if ensemble_dirs:
     params = _ensemble(params, model_dir, ensemble_dirs, model, data, partitioner, num_samples)
   split = split or data.eval_split

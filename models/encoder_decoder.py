@@ -18,6 +18,7 @@ information between the next token and the weights (epistemic uncertainty).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -28,6 +29,7 @@ from meshbayes import predictive
 from meshbayes.layers import (
   KL_COLLECTION,
   Ensemble,
+  dropout_rngs,
   holds_posterior,
   kl_penalty,
   posterior_mean,
@@ -196,7 +198,8 @@ class EncoderDecoderModel(BaseModel):
     if not mean:
       def sampled_nll(total, key):
         weights = sample_weights(params, key)
-        logits, _ = self._teacher_forced(weights, batch, deterministic=True)
+        logits, _ = self._teacher_forced(weights, batch, deterministic=True,
+                                         **dropout_rngs(params, key))
         return total + self._sums(logits, jnp.zeros(()), batch, 1.0, 0.0)["nll"], None
 
       nll_sum = jax.lax.scan(sampled_nll, jnp.zeros((), jnp.float32), keys)[0] / len(keys)
@@ -242,7 +245,7 @@ class EncoderDecoderModel(BaseModel):
       weights = posterior_mean(params) if mean else sample_weights(params, key)
       logits = self.module.apply({"params": weights}, batch["encoder_input_tokens"],
                                  batch["decoder_input_tokens"], batch["decoder_target_tokens"],
-                                 deterministic=True)
+                                 deterministic=True, **({} if mean else dropout_rngs(params, key)))
       return jax.nn.log_softmax(logits.astype(jnp.float32))
 
     weights = batch["decoder_loss_weights"].astype(jnp.float32)
@@ -361,15 +364,18 @@ class EncoderDecoderModel(BaseModel):
         weights = params.members
       else:
         weights = jax.vmap(lambda key: sample_weights(params, key), out_axes=axis)(keys)
-      per_sample = lambda fn, *axes: jax.vmap(fn, in_axes=(axis, *axes), axis_size=num_samples)
+      # fn(weights, key, *args) over the samples: their weights and keys (MC dropout's rngs).
+      per_sample = lambda fn, *axes: lambda weights, *args: jax.vmap(
+          fn, in_axes=(axis, 0, *axes), axis_size=num_samples)(weights, keys, *args)
     else:  # "regenerated": one sample's weights at a time, drawn again at each step
-      weights = keys
-      per_sample = lambda fn, *axes: lambda keys, *args: jax.lax.map(
-          lambda xs: fn(sample_weights(params, xs[0]), *xs[1:]), (keys, *args))
+      weights = None
+      per_sample = lambda fn, *axes: lambda _, *args: jax.lax.map(
+          lambda xs: fn(sample_weights(params, xs[0]), *xs), (keys, *args))
+    sample_rngs = (lambda key: {}) if mean else functools.partial(dropout_rngs, params)
 
-    def encode(weights):
+    def encode(weights, key):
       return module.apply({"params": weights}, inputs, deterministic=True,
-                          method=Transformer.encode)
+                          method=Transformer.encode, **sample_rngs(key))
 
     encoded = per_sample(encode)(weights)
     dummy = jnp.zeros((inputs.shape[0], max_length), jnp.int32)
@@ -384,11 +390,11 @@ class EncoderDecoderModel(BaseModel):
     decoder_batch_axis = 2 if self.config.scan_layers else 1  # after (samples[, layers])
 
     def step_fn(tokens, cache):
-      def one_sample(weights, decoder_cache, encoded):
+      def one_sample(weights, key, decoder_cache, encoded):
         logits, state = module.apply(
             {"params": weights, "cache": decoder_cache}, encoded, cache["inputs"],
             tokens[:, None], deterministic=True, decode=True, max_decode_length=max_length,
-            mutable=["cache"], method=Transformer.decode)
+            mutable=["cache"], method=Transformer.decode, **sample_rngs(key))
         return jax.nn.log_softmax(logits[:, 0]), state["cache"]
 
       samples, decoder_cache = per_sample(one_sample, 0, 0)(weights, cache["decoder"],

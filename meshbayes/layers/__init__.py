@@ -62,6 +62,8 @@ from meshbayes.layers.priors import (
 from meshbayes.layers.variational import SAMPLE_RNG, posterior_part, sample_axes, sample_weights
 from meshbayes.layers.weight_posterior import (
                                     Ensemble,
+                                    MCDropout,
+                                    dropout_rngs,
                                     WeightPosterior,
                                     holds_posterior,
                                     posterior_mean,
@@ -82,6 +84,8 @@ __all__ = [
                                     "MultiHeadDotProductAttentionReparameterization",
                                     "attention_class",
                                     "Ensemble",
+                                    "MCDropout",
+                                    "dropout_rngs",
                                     "Bayesianized",
                                     "bayesianize",
                                     "moped_init",

@@ -25,7 +25,12 @@ from meshbayes.layers.estimators import Normal
 from meshbayes.layers.initializers import softplus_inverse
 from meshbayes.layers.kl import KL_COLLECTION, KL_NAME
 from meshbayes.layers.priors import Prior
-from meshbayes.layers.weight_posterior import Ensemble, WeightPosterior, posterior_mean
+from meshbayes.layers.weight_posterior import (
+  Ensemble,
+  MCDropout,
+  WeightPosterior,
+  posterior_mean,
+)
 
 Array = jax.Array
 Initializer = Callable[..., Any]
@@ -159,7 +164,7 @@ def sample_weights(params: Any, key: Array) -> dict[str, Any]:
   runs with the sampled weights, so one sample can serve many calls (the
   steps of a decode) while its noise is drawn once. Other parameters, and
   boxes, are kept (a prior's trainable scalars included). An ``Ensemble`` gives its
-  member ``key`` (an index). A ``WeightPosterior`` (a deterministic model's posterior,
+  member ``key`` (an index), ``MCDropout`` its unchanged parameters. A ``WeightPosterior`` (a deterministic model's posterior,
   e.g. IVON's) gives its own sample.
 
   Args:
@@ -174,7 +179,7 @@ def sample_weights(params: Any, key: Array) -> dict[str, Any]:
   >>> bool(jnp.allclose(sample['dense']['kernel_loc'], 0.0, atol=1e-9))
   True
   """
-  if isinstance(params, (WeightPosterior, Ensemble)):
+  if isinstance(params, (WeightPosterior, Ensemble, MCDropout)):
     return params.sample(key)
   flat = traverse_util.flatten_dict(dict(params))
   out = {}
@@ -202,6 +207,8 @@ def sample_axes(params: Any) -> Any:
   >>> sample_axes({'dense': {'kernel_loc': 0.0, 'kernel_scale': 0.0, 'bias': 0.0}})
   {'dense': {'bias': None, 'kernel_loc': 0, 'kernel_scale': None}}
   """
+  if isinstance(params, MCDropout):  # no weight is drawn
+    return jax.tree.map(lambda _: None, params.params)
   if isinstance(params, (WeightPosterior, Ensemble)):
     return jax.tree.map(lambda _: 0, posterior_mean(params))
   flat = traverse_util.flatten_dict(dict(params))

@@ -92,14 +92,39 @@ class Ensemble(NamedTuple):
     return cls(jax.tree.map(lambda *xs: jnp.stack(xs), *members))
 
 
+class MCDropout(NamedTuple):
+  """A deterministic model's parameters, predicted with Monte Carlo dropout (Gal and
+  Ghahramani, 2016): each "sample" is a dropout rng, the weights stay ``params``.
+
+  It takes the place of ``params`` as a ``WeightPosterior`` does; a model that
+  supports it applies its dropout with the sample's key (``dropout_rngs``).
+  """
+
+  params: Any
+
+  def sample(self, key: Array) -> Any:
+    del key  # the weights do not change; the key goes to the dropout layers
+    return self.params
+
+
+def dropout_rngs(params: Any, key: Array) -> dict[str, Any]:
+  """``apply`` keywords for one sample: dropout on with ``key`` for ``MCDropout``, else none."""
+  if isinstance(params, MCDropout):
+    return {"enable_dropout": True, "rngs": {"dropout": key}}
+  return {}
+
+
 def posterior_mean(params: Any) -> Any:
   """The weights to use at the posterior mean: ``params`` itself, or a ``WeightPosterior``'s
   mean. An ``Ensemble`` has none; its first member stands in where only shapes matter."""
   if isinstance(params, Ensemble):
     return params.sample(0)
+  if isinstance(params, MCDropout):
+    return params.params
   return params.mean if isinstance(params, WeightPosterior) else params
 
 
 def holds_posterior(params: Any) -> bool:
-  """Whether ``params`` is a ``WeightPosterior`` or an ``Ensemble`` (it has samples)."""
-  return isinstance(params, (WeightPosterior, Ensemble))
+  """Whether ``params`` is a ``WeightPosterior``, an ``Ensemble`` or ``MCDropout`` (it has
+  samples)."""
+  return isinstance(params, (WeightPosterior, Ensemble, MCDropout))

@@ -150,7 +150,9 @@ class MultiHeadAttention(nn.Module):
         kernel_init=nn.initializers.variance_scaling(1.0, "fan_in", "normal"),
         # Dropout only under enable_dropout. The layer also drops nothing when deterministic
         # (posterior mean), a combination training never asks for.
-        dropout_rate=cfg.dropout_rate if self.enable_dropout else 0.0, broadcast_dropout=False,
+        dropout_rate=(cfg.dropout_rate if cfg.attention_dropout_rate is None
+                      else cfg.attention_dropout_rate) if self.enable_dropout else 0.0,
+        broadcast_dropout=False,
         deterministic=self.deterministic, decode=self.decode,
         attention_fn=_float32_logits_attention, force_fp32_for_softmax=True,
         activation_axes=("batch", "length", "heads", "kv"),

@@ -69,7 +69,10 @@ class TransformerConfig:
     mlp_activations: one activation per input matrix: ``('gelu', 'linear')`` is
       T5 v1.1's gated GELU (three matrices), ``('relu',)`` the Mesh TensorFlow
       Transformer's (two matrices).
-    dropout_rate: dropout after embeddings, attention weights, sublayers.
+    dropout_rate: dropout after embeddings and sublayers (masks shared over a
+      sentence's positions), on the feed-forward hidden units, and on attention
+      weights.
+    attention_dropout_rate: dropout on attention weights (None: ``dropout_rate``).
     logits_via_embedding: tie the output projection to the token embedding.
     relpos_num_buckets: relative position buckets.
     relpos_max_distance: distance beyond which positions share a bucket.
@@ -98,6 +101,7 @@ class TransformerConfig:
   mlp_dim: int = 2048
   mlp_activations: tuple[str, ...] = ("gelu", "linear")
   dropout_rate: float = 0.1
+  attention_dropout_rate: float | None = None
   logits_via_embedding: bool = False
   relpos_num_buckets: int = 32
   relpos_max_distance: int = 128
@@ -125,8 +129,10 @@ class TransformerConfig:
       if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
         raise ValueError(f"TransformerConfig: {name}={getattr(self, name)!r} must be a "
                          "positive int")
-    if not 0.0 <= self.dropout_rate < 1.0:
-      raise ValueError(f"TransformerConfig: dropout_rate={self.dropout_rate!r} must be in [0, 1)")
+    for name in ("dropout_rate", "attention_dropout_rate"):
+      value = getattr(self, name)
+      if value is not None and not 0.0 <= value < 1.0:
+        raise ValueError(f"TransformerConfig: {name}={value!r} must be in [0, 1)")
     if not self.mlp_activations or any(a not in ACTIVATIONS for a in self.mlp_activations):
       raise ValueError(f"TransformerConfig: mlp_activations={self.mlp_activations!r} must be a "
                        f"non-empty tuple of {', '.join(ACTIVATIONS)}")

@@ -179,3 +179,43 @@ def test_a_deep_ensemble_is_averaged_over_its_members_by_the_model_average_path(
   log_probs, _ = jax.jit(functools.partial(model.score_batch, num_samples=3))(
       ensemble, rescoring, jax.random.key(0))
   np.testing.assert_allclose(decoded["scores"], log_probs, rtol=1e-4)
+
+
+def test_mc_dropout_holds_each_mask_fixed_over_a_sequence_in_scoring_and_decoding():
+  """MC dropout of a deterministic model (dropout 0.3, none on attention weights): scoring
+  averages the S masks' probabilities (brute force: apply with each dropout key), and
+  greedy decoding, one position at a time with the same S masks, scores its outputs
+  exactly as re-scoring them whole does: each mask is shared by a sentence's positions."""
+  config = CONFIG.replace(estimators=Estimators.deterministic(), dropout_rate=0.3,
+                          attention_dropout_rate=0.0)
+  model = EncoderDecoderModel(config, num_train_units=500.0)
+  batch = {k: jnp.asarray(v) for k, v in make_batch(np.random.default_rng(0), 3, 6, 8).items()}
+  shapes = {k: v.shape for k, v in batch.items()}
+  params = jax.jit(lambda k: nn.unbox(model.get_initial_variables(k, shapes)["params"]))(
+      jax.random.key(0))
+  mc = layers.MCDropout(params)
+  rng = jax.random.key(3)
+  _, aux = jax.jit(functools.partial(model.score_batch, num_samples=3))(mc, batch, rng)
+  probs = jax.jit(lambda key: jax.nn.softmax(model.module.apply(
+      {"params": params}, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
+      batch["decoder_target_tokens"], enable_dropout=True, rngs={"dropout": key})))
+  per_mask = [np.asarray(probs(key), np.float64) for key in jax.random.split(rng, 3)]
+  assert np.abs(per_mask[0] - per_mask[1]).max() > 1e-3  # the masks differ
+  targets, weights = np.asarray(batch["decoder_target_tokens"]), np.asarray(
+      batch["decoder_loss_weights"])
+  expected = np.log(np.take_along_axis(np.mean(per_mask, 0), targets[..., None], -1)[..., 0])
+  np.testing.assert_allclose(aux["token_log_probs"], expected * weights, rtol=1e-4, atol=1e-6)
+  tokens, decoded = jax.jit(functools.partial(
+      model.predict_batch_with_aux, method="greedy", num_samples=3, max_length=6))(
+          mc, batch, rng)
+  outputs = np.asarray(tokens)
+  rescoring = {"encoder_input_tokens": batch["encoder_input_tokens"],
+               "decoder_target_tokens": jnp.asarray(outputs),
+               "decoder_input_tokens": jnp.pad(jnp.asarray(outputs)[:, :-1], [(0, 0), (1, 0)]),
+               "decoder_loss_weights": jnp.asarray(outputs > 0, jnp.float32)}
+  log_probs, _ = jax.jit(functools.partial(model.score_batch, num_samples=3))(
+      mc, rescoring, rng)
+  np.testing.assert_allclose(decoded["scores"], log_probs, rtol=1e-4)
+  # Without samples, MC dropout is the plain model.
+  plain, _ = jax.jit(model.score_batch)(mc, batch)
+  np.testing.assert_allclose(plain, jax.jit(model.score_batch)(params, batch)[0], rtol=1e-6)
