@@ -1,7 +1,7 @@
 """Bayesian layers: drop-in flax layers whose weights are normal posteriors.
 
 Each layer keeps its flax twin's constructor and call; see ``dense``,
-``embed``, ``conv``, ``variational_dropout`` and ``attention``; ``bayesianize``
+``embed``, ``conv``, ``variational_dropout``, ``lstm`` and ``attention``; ``bayesianize``
 makes any flax model of flax's own layers Bayesian. Estimators are pure
 functions in ``estimators``; priors and their KL in ``priors``; how the
 recorded KL enters a loss in ``kl``.
@@ -50,6 +50,12 @@ from meshbayes.layers.initializers import (
                                     fan_in_stddev,
                                     softplus_inverse,
 )
+from meshbayes.layers.lstm import (
+                                    LSTMCell,
+                                    LSTMCellFlipout,
+                                    LSTMCellReparameterization,
+                                    lstm_cell_class,
+)
 from meshbayes.layers.kl import KL_COLLECTION, KL_NAME, kl_penalty, total_kl
 from meshbayes.layers.moped import moped_params
 from meshbayes.layers.priors import (
@@ -78,6 +84,10 @@ from meshbayes.layers.variational_dropout import (
 )
 
 __all__ = [
+                                    "LSTMCell",
+                                    "LSTMCellFlipout",
+                                    "LSTMCellReparameterization",
+                                    "lstm_cell_class",
                                     "MultiHeadDotProductAttention",
                                     "MultiHeadDotProductAttentionFlipout",
                                     "MultiHeadDotProductAttentionLocalReparameterization",

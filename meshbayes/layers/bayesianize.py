@@ -2,7 +2,7 @@
 
 ``bayesianize(model, estimator='flipout')`` returns a module that runs
 ``model`` with each ``nn.Dense``, ``nn.DenseGeneral``, ``nn.Conv`` and
-``nn.Embed`` replaced by its Bayesian twin of ``meshbayes.layers``
+``nn.Embed`` and ``nn.LSTMCell`` replaced by its Bayesian twin of ``meshbayes.layers``
 (``dense_class``, ``dense_general_class``, ``conv_class``, ``embed_class``),
 built from the flax layer's own attributes. The parameter tree is the
 model's, with each replaced weight ``w`` become ``w_loc`` and ``w_scale`` of
@@ -25,6 +25,7 @@ a subclass may compute something else and keeps running as written.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -35,17 +36,18 @@ from flax import traverse_util
 from meshbayes.layers.conv import conv_class
 from meshbayes.layers.dense import ESTIMATORS, dense_class, dense_general_class
 from meshbayes.layers.embed import embed_class
+from meshbayes.layers.lstm import lstm_cell_class
 from meshbayes.layers.moped import moped_params
 from meshbayes.layers.priors import NormalPrior, Prior
 
 # The flax layers bayesianize replaces, by class name, and the function giving the
-# Bayesian class of an estimator name. nn.LSTMCell joins here (as 'LSTMCell') once
-# meshbayes.layers has a Bayesian LSTM cell class of the same attributes.
+# Bayesian class of an estimator name.
 _TWINS: dict[str, tuple[type[nn.Module], Callable[[str], type[nn.Module]]]] = {
     "Dense": (nn.Dense, dense_class),
     "DenseGeneral": (nn.DenseGeneral, dense_general_class),
     "Conv": (nn.Conv, conv_class),
     "Embed": (nn.Embed, embed_class),
+    "LSTMCell": (nn.LSTMCell, lstm_cell_class),
 }
 _DETERMINISTIC = "deterministic"
 
@@ -132,7 +134,9 @@ class Bayesianized(nn.Module):
     Returns:
       What the method returns.
     """
-    replace = {_TWINS[name][0]: _TWINS[name][1](estimator)
+    # Classes looked up when a layer of the type is met: an estimator one type lacks
+    # (local reparameterization for LSTM cells) is an error only for a model that has it.
+    replace = {_TWINS[name][0]: functools.partial(_TWINS[name][1], estimator)
                for name, estimator in self.estimators}
     # A compact layer's scope is rewound after each call, so a twin serves one call;
     # a setup layer (nn.Embed) keeps its scope, so its twin, which sets up once, is kept.
@@ -140,8 +144,10 @@ class Bayesianized(nn.Module):
 
     def interceptor(next_fun, args, kwargs, context):
       layer = context.module
-      twin_class = replace.get(type(layer))
-      if twin_class is None:
+      twin_class = replace[type(layer)]() if type(layer) in replace else None
+      # Methods the twin lacks (a lifted transform's wrapper, as nn.RNN's scan) run as
+      # written and reach the layer's own methods, which are intercepted in turn.
+      if twin_class is None or not hasattr(twin_class, context.method_name):
         return next_fun(*args, **kwargs)
       if context.method_name == "setup":
         return None  # the twin creates the parameters, not the flax layer

@@ -1,0 +1,197 @@
+"""Bayesian drop-ins for ``nn.LSTMCell``, one class per estimator.
+
+A cell holds flax's eight dense maps (``ii``, ``if``, ``ig``, ``io`` on the
+input, without bias; ``hi``, ``hf``, ``hg``, ``ho`` on the hidden state, with
+the bias), each a Bayesian ``Dense`` of the cell's estimator, so priors, the
+recorded KL, MOPED and ``sample_weights`` work as for Dense layers.
+
+One weight sample per sequence, held fixed over the time steps (Fortunato et
+al., 2017; the Bayesian Layers paper's Figure 1): a cell's noise comes from
+its ``'sample'`` rng, so scanning it with that rng *not* split over time,
+``nn.RNN(cell, split_rngs={'params': False, 'sample': False})``, gives every
+step the same weights; applying the cell once per step with the same rngs
+does too. Reparameterization draws one sample per call (shared by the batch),
+Flipout one per example. Local reparameterization samples pre-activations,
+not weights, so it has no LSTM cell here.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from meshbayes.layers.dense import dense_class
+from meshbayes.layers.initializers import constant_stddev, fan_in_stddev
+from meshbayes.layers.priors import NormalPrior, Prior
+
+Array = jax.Array
+Initializer = Callable[..., Any]
+Axes = tuple[str | None, ...] | None
+
+LSTM_ESTIMATORS = ("deterministic", "reparameterization", "flipout")
+
+
+class _LSTMCell(nn.RNNCellBase):
+  """The shared body of the LSTM cells; subclasses pick the estimator.
+
+  Attributes:
+    features: number of output (hidden) features.
+    gate_fn: activation of the gates (sigmoid).
+    activation_fn: activation of the output and memory update (tanh).
+    kernel_init: initializer of the input kernels' posterior means.
+    recurrent_kernel_init: initializer of the hidden-state kernels' means.
+    bias_init: initializer of the biases (of their means, if Bayesian).
+    dtype: computation dtype (default: inferred from inputs and parameters).
+    param_dtype: parameter dtype (float32).
+    carry_init: initializer of the carry.
+    kernel_axes: logical axes of the input kernels ``(input, hidden)``.
+    recurrent_kernel_axes: logical axes of the hidden-state kernels
+      ``(hidden, hidden)``; the first is unsharded by default, as one name
+      cannot shard two dimensions of one array.
+    bias_axes: logical axes of the biases.
+    kernel_stddev_init: initializer of the kernels' posterior stddevs.
+    bias_stddev_init: initializer of a Bayesian bias's stddev.
+    bayesian_bias: give the biases a normal posterior too.
+    prior: prior of every Bayesian weight of the cell.
+    deterministic: use the posterior mean; the call argument overrides it.
+  """
+
+  features: int
+  gate_fn: Callable[..., Any] = nn.sigmoid
+  activation_fn: Callable[..., Any] = nn.tanh
+  kernel_init: Initializer = nn.initializers.lecun_normal()
+  recurrent_kernel_init: Initializer = nn.initializers.orthogonal()
+  bias_init: Initializer = nn.initializers.zeros_init()
+  dtype: Any = None
+  param_dtype: Any = jnp.float32
+  carry_init: Initializer = nn.initializers.zeros_init()
+  kernel_axes: Axes = ("embed", "mlp")
+  recurrent_kernel_axes: Axes = (None, "mlp")
+  bias_axes: Axes = ("mlp",)
+  kernel_stddev_init: Initializer = fan_in_stddev(0.1)
+  bias_stddev_init: Initializer = constant_stddev(0.01)
+  bayesian_bias: bool = False
+  prior: Prior = NormalPrior()
+  deterministic: bool | None = None
+
+  estimator: ClassVar[str]
+
+  @nn.compact
+  def __call__(self, carry: tuple[Array, Array], inputs: Array,
+               deterministic: bool | None = None) -> tuple[tuple[Array, Array], Array]:
+    """One time step, as ``nn.LSTMCell``'s.
+
+    Args:
+      carry: ``(c, h)``, from ``initialize_carry``.
+      inputs: ``(..., input features)`` for this step.
+      deterministic: use the posterior mean; overrides the attribute.
+
+    Returns:
+      ``((new_c, new_h), new_h)``.
+    """
+    c, h = carry
+    dense = functools.partial(
+        dense_class(self.estimator), features=h.shape[-1], dtype=self.dtype,
+        param_dtype=self.param_dtype, kernel_stddev_init=self.kernel_stddev_init,
+        bias_stddev_init=self.bias_stddev_init, prior=self.prior,
+        deterministic=self.deterministic)
+    dense_i = functools.partial(dense, use_bias=False, kernel_init=self.kernel_init,
+                                kernel_axes=self.kernel_axes)
+    dense_h = functools.partial(dense, use_bias=True, kernel_init=self.recurrent_kernel_init,
+                                bias_init=self.bias_init, kernel_axes=self.recurrent_kernel_axes,
+                                bias_axes=self.bias_axes, bayesian_bias=self.bayesian_bias)
+    gate = lambda name: (dense_i(name=f"i{name}")(inputs, deterministic)
+                         + dense_h(name=f"h{name}")(h, deterministic))
+    i, f, o = self.gate_fn(gate("i")), self.gate_fn(gate("f")), self.gate_fn(gate("o"))
+    g = self.activation_fn(gate("g"))
+    new_c = f * c + i * g
+    new_h = o * self.activation_fn(new_c)
+    return (new_c, new_h), new_h
+
+  @nn.nowrap
+  def initialize_carry(self, rng: Array, input_shape: tuple[int, ...]) -> tuple[Array, Array]:
+    """The initial ``(c, h)`` for inputs of ``input_shape``, as ``nn.LSTMCell``'s."""
+    key_c, key_h = jax.random.split(rng)
+    shape = tuple(input_shape[:-1]) + (self.features,)
+    return (self.carry_init(key_c, shape, self.param_dtype),
+            self.carry_init(key_h, shape, self.param_dtype))
+
+  @property
+  def num_feature_axes(self) -> int:
+    return 1
+
+
+class LSTMCell(_LSTMCell):
+  """``nn.LSTMCell`` with logical axes: the deterministic twin (same parameters).
+
+  Example::
+
+    >>> import jax, jax.numpy as jnp
+    >>> from meshbayes.layers import LSTMCell
+    >>> cell = LSTMCell(features=4)
+    >>> x = jnp.ones((2, 3))
+    >>> carry = cell.initialize_carry(jax.random.key(0), x.shape)
+    >>> variables = cell.init(jax.random.key(1), carry, x)
+    >>> sorted(variables['params'])
+    ['hf', 'hg', 'hi', 'ho', 'if', 'ig', 'ii', 'io']
+  """
+
+  estimator = "deterministic"
+
+
+class LSTMCellReparameterization(_LSTMCell):
+  """``nn.LSTMCell`` with normal weight posteriors, one weight sample per call.
+
+  Example::
+
+    >>> import jax, jax.numpy as jnp, flax.linen as nn
+    >>> from meshbayes.layers import LSTMCellReparameterization
+    >>> rnn = nn.RNN(LSTMCellReparameterization(features=4),
+    ...              split_rngs={'params': False, 'sample': False})
+    >>> x = jnp.ones((2, 5, 3))  # (batch, time, features)
+    >>> variables = rnn.init(jax.random.key(0), x)
+    >>> rnn.apply(variables, x, rngs={'sample': jax.random.key(1)}).shape
+    (2, 5, 4)
+  """
+
+  estimator = "reparameterization"
+
+
+class LSTMCellFlipout(_LSTMCell):
+  """``nn.LSTMCell`` with normal weight posteriors and Flipout: one weight sample per
+  example, the same at every time step under ``nn.RNN(..., split_rngs={'params': False,
+  'sample': False})``.
+
+  Example::
+
+    >>> import jax, jax.numpy as jnp, flax.linen as nn
+    >>> from meshbayes.layers import LSTMCellFlipout, total_kl
+    >>> rnn = nn.RNN(LSTMCellFlipout(features=4), split_rngs={'params': False, 'sample': False})
+    >>> x = jnp.ones((2, 5, 3))
+    >>> variables = rnn.init(jax.random.key(0), x)
+    >>> y, state = rnn.apply(variables, x, rngs={'sample': jax.random.key(1)},
+    ...                      mutable=['losses'])
+    >>> y.shape, bool(total_kl(state) > 0)
+    ((2, 5, 4), True)
+  """
+
+  estimator = "flipout"
+
+
+_CLASSES = {"deterministic": LSTMCell, "reparameterization": LSTMCellReparameterization,
+            "flipout": LSTMCellFlipout}
+
+
+def lstm_cell_class(estimator: str) -> type[_LSTMCell]:
+  """The LSTM cell class of an estimator name (``deterministic``, ``reparameterization``,
+  ``flipout``)."""
+  if estimator not in _CLASSES:
+    raise ValueError(f"lstm_cell_class: estimator={estimator!r} is not one of "
+                     f"{', '.join(LSTM_ESTIMATORS)} (local reparameterization samples "
+                     "pre-activations, not weights)")
+  return _CLASSES[estimator]
