@@ -168,16 +168,21 @@ def test_a_deep_ensemble_is_averaged_over_its_members_by_the_model_average_path(
         ensemble, batch, jax.random.key(0))
     np.testing.assert_allclose(aux["token_log_probs"], expected, rtol=1e-4, atol=1e-6)
     assert aux["sample_log_probs"].shape == (3, 3)
+  assert_greedy_scores_are_the_rescored_outputs(model, ensemble, batch, jax.random.key(0))
+
+
+def assert_greedy_scores_are_the_rescored_outputs(model, params, batch, rng, num_samples=3):
+  """Greedy decoding's scores equal score_batch of its outputs, whole, with the same rng."""
   tokens, decoded = jax.jit(functools.partial(
-      model.predict_batch_with_aux, method="greedy", num_samples=3, max_length=6))(
-          ensemble, batch, jax.random.key(0))
-  outputs = np.asarray(tokens)
+      model.predict_batch_with_aux, method="greedy", num_samples=num_samples, max_length=6))(
+          params, batch, rng)
+  outputs = jnp.asarray(tokens)
   rescoring = {"encoder_input_tokens": batch["encoder_input_tokens"],
-               "decoder_target_tokens": jnp.asarray(outputs),
-               "decoder_input_tokens": jnp.pad(jnp.asarray(outputs)[:, :-1], [(0, 0), (1, 0)]),
-               "decoder_loss_weights": jnp.asarray(outputs > 0, jnp.float32)}
-  log_probs, _ = jax.jit(functools.partial(model.score_batch, num_samples=3))(
-      ensemble, rescoring, jax.random.key(0))
+               "decoder_target_tokens": outputs,
+               "decoder_input_tokens": jnp.pad(outputs[:, :-1], [(0, 0), (1, 0)]),
+               "decoder_loss_weights": (outputs > 0).astype(jnp.float32)}
+  log_probs, _ = jax.jit(functools.partial(model.score_batch, num_samples=num_samples))(
+      params, rescoring, rng)
   np.testing.assert_allclose(decoded["scores"], log_probs, rtol=1e-4)
 
 
@@ -205,17 +210,7 @@ def test_mc_dropout_holds_each_mask_fixed_over_a_sequence_in_scoring_and_decodin
       batch["decoder_loss_weights"])
   expected = np.log(np.take_along_axis(np.mean(per_mask, 0), targets[..., None], -1)[..., 0])
   np.testing.assert_allclose(aux["token_log_probs"], expected * weights, rtol=1e-4, atol=1e-6)
-  tokens, decoded = jax.jit(functools.partial(
-      model.predict_batch_with_aux, method="greedy", num_samples=3, max_length=6))(
-          mc, batch, rng)
-  outputs = np.asarray(tokens)
-  rescoring = {"encoder_input_tokens": batch["encoder_input_tokens"],
-               "decoder_target_tokens": jnp.asarray(outputs),
-               "decoder_input_tokens": jnp.pad(jnp.asarray(outputs)[:, :-1], [(0, 0), (1, 0)]),
-               "decoder_loss_weights": jnp.asarray(outputs > 0, jnp.float32)}
-  log_probs, _ = jax.jit(functools.partial(model.score_batch, num_samples=3))(
-      mc, rescoring, rng)
-  np.testing.assert_allclose(decoded["scores"], log_probs, rtol=1e-4)
+  assert_greedy_scores_are_the_rescored_outputs(model, mc, batch, rng)
   # Without samples, MC dropout is the plain model.
   plain, _ = jax.jit(model.score_batch)(mc, batch)
   np.testing.assert_allclose(plain, jax.jit(model.score_batch)(params, batch)[0], rtol=1e-6)
