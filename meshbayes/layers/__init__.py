@@ -51,6 +51,7 @@ from meshbayes.layers.initializers import (
                                     softplus_inverse,
 )
 from meshbayes.layers.lstm import (
+                                    RNN,
                                     LSTMCell,
                                     LSTMCellFlipout,
                                     LSTMCellReparameterization,
@@ -84,6 +85,7 @@ from meshbayes.layers.variational_dropout import (
 )
 
 __all__ = [
+                                    "RNN",
                                     "LSTMCell",
                                     "LSTMCellFlipout",
                                     "LSTMCellReparameterization",

@@ -20,6 +20,11 @@ scope, as at the top of ``apply``): parameters, ``'sample'`` rngs and the
 recorded KL land under the layer's path, and nothing outside the wrapper's
 ``apply`` is affected. Only layers of exactly the flax classes are replaced;
 a subclass may compute something else and keeps running as written.
+
+An ``nn.LSTMCell`` scanned by ``nn.RNN`` is replaced too, but ``nn.RNN`` must
+pass the ``'sample'`` rng unsplit (``split_rngs={'params': False, 'sample':
+False}``) and its scan does not carry the recorded KL: such a model's KL is
+missing from ``total_kl`` unless it scans with ``meshbayes.layers.RNN``.
 """
 
 from __future__ import annotations

@@ -7,12 +7,18 @@ recorded KL, MOPED and ``sample_weights`` work as for Dense layers.
 
 One weight sample per sequence, held fixed over the time steps (Fortunato et
 al., 2017; the Bayesian Layers paper's Figure 1): a cell's noise comes from
-its ``'sample'`` rng, so scanning it with that rng *not* split over time,
-``nn.RNN(cell, split_rngs={'params': False, 'sample': False})``, gives every
-step the same weights; applying the cell once per step with the same rngs
-does too. Reparameterization draws one sample per call (shared by the batch),
-Flipout one per example. Local reparameterization samples pre-activations,
-not weights, so it has no LSTM cell here.
+its ``'sample'`` rng, so scanning it with that rng *not* split over time gives
+every step the same weights; applying the cell once per step with the same
+rngs does too (calling it twice inside one ``apply`` draws twice, as flax
+advances the rng). Reparameterization draws one sample per call (shared by
+the batch), Flipout one per example. Local reparameterization samples
+pre-activations, not weights, so it has no LSTM cell here.
+
+Scan the cells with ``RNN`` below: ``nn.RNN`` with ``split_rngs={'params':
+False, 'sample': False}`` and the cell's KL recorded. A plain ``nn.RNN``
+splits only the ``'params'`` rng (the cell then raises for want of a
+``'sample'`` rng) and does not lift the KL collection through its scan, so the
+KL would be silently missing from ``total_kl``.
 """
 
 from __future__ import annotations
@@ -24,10 +30,13 @@ from typing import Any, ClassVar
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from flax.core import FrozenDict
 
 from meshbayes.layers.dense import dense_class
 from meshbayes.layers.initializers import constant_stddev, fan_in_stddev
+from meshbayes.layers.kl import KL_COLLECTION
 from meshbayes.layers.priors import NormalPrior, Prior
+from meshbayes.layers.variational import SAMPLE_RNG, use_posterior_mean
 
 Array = jax.Array
 Initializer = Callable[..., Any]
@@ -94,6 +103,13 @@ class _LSTMCell(nn.RNNCellBase):
     Returns:
       ``((new_c, new_h), new_h)``.
     """
+    if self.estimator != "deterministic":
+      try:
+        use_posterior_mean(self, deterministic)
+      except ValueError as e:  # nn.RNN drops rngs its split_rngs does not name
+        raise ValueError(f"{e}; inside nn.RNN or nn.scan also pass split_rngs={{'params': "
+                         f"False, '{SAMPLE_RNG}': False}}, one weight sample for every step "
+                         "(meshbayes.layers.lstm.RNN does)") from None
     c, h = carry
     dense = functools.partial(
         dense_class(self.estimator), features=h.shape[-1], dtype=self.dtype,
@@ -152,7 +168,7 @@ class LSTMCellReparameterization(_LSTMCell):
     >>> import jax, jax.numpy as jnp, flax.linen as nn
     >>> from meshbayes.layers import LSTMCellReparameterization
     >>> rnn = nn.RNN(LSTMCellReparameterization(features=4),
-    ...              split_rngs={'params': False, 'sample': False})
+    ...              split_rngs={'params': False, 'sample': False})  # or meshbayes's RNN
     >>> x = jnp.ones((2, 5, 3))  # (batch, time, features)
     >>> variables = rnn.init(jax.random.key(0), x)
     >>> rnn.apply(variables, x, rngs={'sample': jax.random.key(1)}).shape
@@ -164,14 +180,15 @@ class LSTMCellReparameterization(_LSTMCell):
 
 class LSTMCellFlipout(_LSTMCell):
   """``nn.LSTMCell`` with normal weight posteriors and Flipout: one weight sample per
-  example, the same at every time step under ``nn.RNN(..., split_rngs={'params': False,
-  'sample': False})``.
+  example (signs per example, drawn once), the same at every time step when scanned by
+  ``RNN``.
 
   Example::
 
-    >>> import jax, jax.numpy as jnp, flax.linen as nn
+    >>> import jax, jax.numpy as jnp
     >>> from meshbayes.layers import LSTMCellFlipout, total_kl
-    >>> rnn = nn.RNN(LSTMCellFlipout(features=4), split_rngs={'params': False, 'sample': False})
+    >>> from meshbayes.layers.lstm import RNN
+    >>> rnn = RNN(LSTMCellFlipout(features=4))
     >>> x = jnp.ones((2, 5, 3))
     >>> variables = rnn.init(jax.random.key(0), x)
     >>> y, state = rnn.apply(variables, x, rngs={'sample': jax.random.key(1)},
@@ -181,6 +198,44 @@ class LSTMCellFlipout(_LSTMCell):
   """
 
   estimator = "flipout"
+
+
+class RNN(nn.RNN):
+  """``nn.RNN`` for Bayesian cells: one weight sample per sequence, the KL recorded.
+
+  Same attributes and call as ``nn.RNN``; ``split_rngs`` defaults to
+  ``{'params': False, 'sample': False}``, so every time step sees the same
+  noise. ``nn.RNN``'s scan does not lift the KL collection (its value would be
+  the same at every step), so, when that collection is mutable, the cell is
+  applied once more outside the scan, to the first step, for its KL alone
+  (its outputs are unused; under ``jit`` only the KL is computed).
+
+  Example::
+
+    >>> import jax, jax.numpy as jnp
+    >>> from meshbayes.layers import LSTMCellReparameterization, total_kl
+    >>> from meshbayes.layers.lstm import RNN
+    >>> rnn = RNN(LSTMCellReparameterization(features=4), return_carry=True)
+    >>> x = jnp.ones((2, 5, 3))  # (batch, time, features)
+    >>> variables = rnn.init(jax.random.key(0), x)
+    >>> ((c, h), y), state = rnn.apply(variables, x, rngs={'sample': jax.random.key(1)},
+    ...                                mutable=['losses'])
+    >>> y.shape, bool(total_kl(state) > 0)
+    ((2, 5, 4), True)
+  """
+
+  split_rngs: Any = FrozenDict({"params": False, SAMPLE_RNG: False})
+
+  def __call__(self, inputs: Array, **kwargs: Any) -> Any:
+    """``nn.RNN.__call__`` (same keyword arguments), then the cell's KL if recorded."""
+    outputs = super().__call__(inputs, **kwargs)
+    if self.is_mutable_collection(KL_COLLECTION) and not self.is_initializing():
+      time_major = kwargs.get("time_major")
+      time_major = self.time_major if time_major is None else time_major
+      time_axis = 0 if time_major else inputs.ndim - self.cell.num_feature_axes - 1
+      first = jnp.take(inputs, 0, axis=time_axis)
+      self.cell(self.cell.initialize_carry(jax.random.key(0), first.shape), first)
+    return outputs
 
 
 _CLASSES = {"deterministic": LSTMCell, "reparameterization": LSTMCellReparameterization,

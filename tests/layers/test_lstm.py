@@ -6,9 +6,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from meshbayes import layers
+from meshbayes.layers.lstm import RNN
+from meshbayes.partitioning import Partitioner
 from tests.layers.fixtures import randomize_posterior, stddev
 
 GATES = ("i", "f", "g", "o")
@@ -25,31 +30,33 @@ def f64(x):
                                       "LSTMCellFlipout"])
 def test_swap_with_flax_lstm_cell(cls_name):
   """Same parameter names and shapes as nn.LSTMCell (with _loc/_scale for Bayesian
-  kernels), logical axes on each; at the posterior mean, flax's outputs exactly."""
+  kernels), logical axes on each; with flax's weights as posterior means (moped_params),
+  flax's outputs at the posterior mean."""
   flax_cell = nn.LSTMCell(features=4)
   flax_params = flax_cell.init(jax.random.key(3), CARRY, X)["params"]
   cell = getattr(layers, cls_name)(features=4)
-  variables = cell.init(jax.random.key(3), CARRY, X)
+  variables = cell.init(jax.random.key(4), CARRY, X)
   specs = nn.get_partition_spec(variables)["params"]
   params = nn.unbox(variables["params"])
   assert sorted(params) == sorted(flax_params)
   bayesian = cls_name != "LSTMCell"
   for name, sub in flax_params.items():
+    assert sorted(params[name]) == sorted(
+        leaf for leaf in sub for leaf in (
+            [f"{leaf}_loc", f"{leaf}_scale"] if bayesian and leaf == "kernel" else [leaf]))
     for leaf, value in sub.items():
-      names = [f"{leaf}_loc", f"{leaf}_scale"] if bayesian and leaf == "kernel" else [leaf]
-      for mine in names:
+      for mine in [k for k in params[name] if k.startswith(leaf)]:
         assert params[name][mine].shape == value.shape
-      assert tuple(specs[name][names[0]]) == (("embed", "mlp") if name[0] == "i" else (
-          (None, "mlp") if leaf == "kernel" else ("mlp",)))
-  mine = {name: {(f"{leaf}_loc" if bayesian and leaf == "kernel" else leaf): value
-                 for leaf, value in sub.items()} for name, sub in flax_params.items()}
-  if bayesian:
-    for name in mine:
-      mine[name]["kernel_scale"] = params[name]["kernel_scale"]
+        assert tuple(specs[name][mine]) == (("embed", "mlp") if name[0] == "i" else (
+            (None, "mlp") if leaf == "kernel" else ("mlp",)))
+  mine = layers.moped_params(params, flax_params) if bayesian else flax_params
   expected = flax_cell.apply({"params": flax_params}, CARRY, X)
   got = cell.apply({"params": mine}, CARRY, X, deterministic=True)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), got,
                expected)
+  if bayesian:  # and the draws spread around it
+    drawn = cell.apply({"params": mine}, CARRY, X, rngs={"sample": jax.random.key(5)})
+    assert float(jnp.abs(drawn[1] - expected[1]).max()) > 1e-4
 
 
 @pytest.mark.parametrize("cls_name", ["LSTMCellReparameterization", "LSTMCellFlipout"])
@@ -60,9 +67,9 @@ def test_scan_holds_one_weight_sample_over_time(cls_name):
   every step (one weight sample per sequence), different examples different outputs
   (Flipout: a sample per example); with the rng split per step, the outputs change."""
   cell = getattr(layers, cls_name)(features=4)
-  x = jnp.broadcast_to(jax.random.normal(jax.random.key(4), (3, 1, 5)), (3, 6, 5))
+  x = jnp.broadcast_to(jax.random.normal(jax.random.key(4), (3, 1, 5)), (3, 4, 5))
   x = x.at[1].set(x[0])  # examples 0 and 1 identical
-  rnn = nn.RNN(cell, split_rngs={"params": False, "sample": False})
+  rnn = RNN(cell)
   params = randomize_posterior(rnn.init(jax.random.key(5), x)["params"], jax.random.key(6),
                                (0.2, 0.5))
   for gate in GATES:
@@ -79,7 +86,27 @@ def test_scan_holds_one_weight_sample_over_time(cls_name):
   assert float(jnp.abs(resampled - resampled[:, :1]).max()) > 1e-3
 
 
-def test_a_sampled_cell_scanned_equals_its_step_by_step_unroll():
+@pytest.mark.parametrize("cls_name", ["LSTMCellReparameterization", "LSTMCellFlipout"])
+def test_scan_equals_a_step_by_step_unroll_with_the_same_rngs(cls_name):
+  """RNN over the whole sequence equals a Python loop that applies it one step at a time
+  (carry in, carry out) with the same 'sample' key: the noise does not depend on the
+  step. (A key per step, split_rngs={'sample': True}, fails this: step 0's key differs
+  from the whole scan's step t key.)"""
+  x = jax.random.normal(jax.random.key(4), (3, 4, 5))
+  rnn = RNN(getattr(layers, cls_name)(features=4))
+  params = randomize_posterior(rnn.init(jax.random.key(5), x)["params"], jax.random.key(6),
+                               (0.2, 0.5))
+  apply = jax.jit(lambda *a, **k: rnn.apply({"params": params}, *a,
+                                           rngs={"sample": jax.random.key(7)}, **k),
+                  static_argnames="return_carry")
+  carry, outputs = rnn.cell.initialize_carry(jax.random.key(0), x[:, 0].shape), []
+  for t in range(x.shape[1]):
+    carry, y = apply(x[:, t:t + 1], initial_carry=carry, return_carry=True)
+    outputs.append(y)
+  np.testing.assert_allclose(apply(x), jnp.concatenate(outputs, 1), rtol=1e-5, atol=1e-6)
+
+
+def test_a_sample_of_the_weights_scanned_equals_its_unroll():
   """One weight sample (sample_weights) at the posterior mean: nn.RNN's scan equals a
   Python loop of the cell over the time steps."""
   cell = layers.LSTMCellFlipout(features=4, deterministic=True)
@@ -89,6 +116,7 @@ def test_a_sampled_cell_scanned_equals_its_step_by_step_unroll():
                                (0.2, 0.5))
   weights = layers.sample_weights(params, jax.random.key(11))
   scanned = rnn.apply({"params": weights}, x)
+  assert float(jnp.abs(scanned - rnn.apply({"params": params}, x)).max()) > 1e-3
   carry = cell.initialize_carry(jax.random.key(0), x[:, 0].shape)
   outputs = []
   for t in range(x.shape[1]):
@@ -97,11 +125,20 @@ def test_a_sampled_cell_scanned_equals_its_step_by_step_unroll():
   np.testing.assert_allclose(scanned, jnp.stack(outputs, 1), rtol=1e-5, atol=1e-6)
 
 
+def test_nn_rnn_without_the_sample_rng_says_how_to_pass_it():
+  rnn = nn.RNN(layers.LSTMCellReparameterization(features=4))  # split_rngs={'params': False}
+  x = jnp.ones((2, 3, 5))
+  variables = rnn.init(jax.random.key(0), x)
+  with pytest.raises(ValueError, match=r"needs a 'sample' rng.*inside nn.RNN or nn.scan also "
+                                       r"pass split_rngs=\{'params': False, 'sample': False\}"):
+    rnn.apply(variables, x, rngs={"sample": jax.random.key(1)})
+
+
 @pytest.mark.parametrize("cls_name", ["LSTMCellReparameterization", "LSTMCellFlipout"])
 def test_gate_pre_activation_moments(cls_name):
-  """With identity gates and activation, capture each gate's two dense maps: their sum has
-  mean x W_loc + h U_loc + b and variance x^2 sigma_W^2 + h^2 sigma_U^2 (independent
-  posteriors), over 40,000 draws (4.5 standard errors; 3.2% on the variance)."""
+  """Each gate's pre-activation, the sum of its two dense maps (captured intermediates),
+  has mean x W_loc + h U_loc + b and variance x^2 sigma_W^2 + h^2 sigma_U^2 (independent
+  posteriors), over 40,000 draws of one step (4.5 standard errors; 3.2% on the variance)."""
   cell = getattr(layers, cls_name)(features=4)
   params = randomize_posterior(cell.init(jax.random.key(3), CARRY, X)["params"],
                                jax.random.key(8))
@@ -146,8 +183,77 @@ def test_kl_is_the_closed_form_sum_and_gradients_reach_loc_and_scale():
     assert float(jnp.abs(sub["kernel_scale"]).max()) > 0, name
 
 
+def test_rnn_records_the_cells_kl_once_per_sequence():
+  """RNN records the cell's KL (the closed form, as one step of the cell records it, not
+  once per step) and its gradient reaches the stddevs; plain nn.RNN's scan drops it."""
+  x = jax.random.normal(jax.random.key(4), (3, 2, 5))
+  rnn = RNN(layers.LSTMCellReparameterization(features=4, prior=layers.NormalPrior(stddev=0.5)),
+            time_major=True)
+  params = randomize_posterior(rnn.init(jax.random.key(5), x)["params"], jax.random.key(6))
+
+  def kl(p, module=rnn):
+    _, state = module.apply({"params": p}, x, rngs={"sample": jax.random.key(1)},
+                            mutable=[layers.KL_COLLECTION])
+    return layers.total_kl(state)
+  expected = 0.0
+  for sub in params["cell"].values():
+    mu, sd = f64(sub["kernel_loc"]), f64(stddev(sub["kernel_scale"]))
+    expected += np.sum(np.log(0.5 / sd) + (sd ** 2 + mu ** 2) / (2 * 0.25) - 0.5)
+  np.testing.assert_allclose(kl(params), expected, rtol=1e-5)
+  grads = jax.grad(kl)(params)["cell"]
+  for name, sub in grads.items():
+    assert float(jnp.abs(sub["kernel_scale"]).min()) > 0, name
+  plain = nn.RNN(rnn.cell, split_rngs={"params": False, "sample": False}, time_major=True)
+  assert float(kl(params, plain)) == 0.0
+
+
 def test_lstm_cell_class_and_its_error():
   assert layers.lstm_cell_class("flipout") is layers.LSTMCellFlipout
   with pytest.raises(ValueError, match="estimator='local_reparameterization' is not one of "
                                        "deterministic, reparameterization, flipout"):
     layers.lstm_cell_class("local_reparameterization")
+
+
+@pytest.mark.slow  # compiles two scans for 2x4 (15-20 s), as test_conv's sharded test
+def test_sharded_forward_backward_equals_unsharded():
+  """Two stacked nn.RNN layers (Flipout: activation-shaped signs; reparameterization:
+  kernel-shaped noise, drawn shard by shard) on a 2x4 (data, model) mesh with fsdp_tp
+  rules: loss and gradients equal the unsharded ones; kernels are sharded as their axes say."""
+
+  class Stacked(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      x = RNN(layers.LSTMCellFlipout(8, bayesian_bias=True))(x)
+      x = nn.with_logical_constraint(x, ("batch", None, "mlp"))
+      x = RNN(layers.LSTMCellReparameterization(8, kernel_axes=("mlp", "embed"),
+                                                recurrent_kernel_axes=(None, "embed"),
+                                                bias_axes=("embed",)))(x)
+      return x.mean(axis=1)
+
+  model = Stacked()
+  x = jax.random.normal(jax.random.key(0), (8, 5, 16))
+  y = jax.random.randint(jax.random.key(1), (8,), 0, 8)
+
+  def loss_fn(params, x, y, key):
+    logits, state = model.apply({"params": params}, x, rngs={"sample": key},
+                                mutable=[layers.KL_COLLECTION])
+    nll = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+    return nll + layers.kl_penalty(layers.total_kl(state), num_train_units=1000)
+
+  params = nn.unbox(model.init(jax.random.key(2), x)["params"])
+  ref_loss, ref_grads = jax.jit(jax.value_and_grad(loss_fn))(params, x, y, jax.random.key(3))
+  partitioner = Partitioner(data=2, model=4, rules="fsdp_tp")
+  sharded, shardings = partitioner.init(lambda k: model.init(k, x)["params"], jax.random.key(2))
+  batch = NamedSharding(partitioner.mesh, partitioner.batch_spec)
+  with partitioner.activation_rules():
+    step = jax.jit(jax.value_and_grad(loss_fn), in_shardings=(shardings, batch, batch, None),
+                   out_shardings=(None, shardings))
+    loss, grads = step(sharded, x, y, jax.random.key(3))
+  np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+  for (path, grad), ref in zip(jax.tree_util.tree_flatten_with_path(grads)[0],
+                               jax.tree.leaves(ref_grads)):
+    np.testing.assert_allclose(grad, ref, rtol=1e-5, atol=1e-6, err_msg=str(path))
+  flipout, reparameterization = grads["LSTMCellFlipout_0"], grads["LSTMCellReparameterization_0"]
+  assert flipout["ii"]["kernel_scale"].sharding.spec == P("data", "model")
+  assert flipout["hi"]["kernel_loc"].sharding.spec == P(None, "model")
+  assert reparameterization["ii"]["kernel_loc"].sharding.spec == P("model", "data")
