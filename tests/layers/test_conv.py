@@ -17,15 +17,17 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
-from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from meshbayes import layers
 from meshbayes.layers import conv, estimators
-from meshbayes.partitioning import Partitioner
-from tests.layers.fixtures import boxed, randomize_posterior, stddev
+from tests.layers.fixtures import (
+  boxed,
+  randomize_posterior,
+  sharded_grads_equal_unsharded,
+  stddev,
+)
 from tests.layers.test_estimator_moments import Z, assert_moments, correlation, f64
 from tests.layers.test_swap import expected_bayesian, shapes_and_specs
 
@@ -238,25 +240,7 @@ def test_sharded_forward_backward_equals_unsharded():
   x = jax.random.normal(jax.random.key(0), (8, 8, 8, 4))
   y = jax.random.randint(jax.random.key(1), (8,), 0, 4)
 
-  def loss_fn(params, x, y, key):
-    logits, state = model.apply({"params": params}, x, rngs={"sample": key},
-                                mutable=[layers.KL_COLLECTION])
-    nll = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-    return nll + layers.kl_penalty(layers.total_kl(state), num_train_units=1000)
-
-  params = nn.unbox(model.init(jax.random.key(2), x)["params"])
-  ref_loss, ref_grads = jax.jit(jax.value_and_grad(loss_fn))(params, x, y, jax.random.key(3))
-  partitioner = Partitioner(data=2, model=4, rules="fsdp_tp")
-  sharded, shardings = partitioner.init(lambda k: model.init(k, x)["params"], jax.random.key(2))
-  batch = NamedSharding(partitioner.mesh, partitioner.batch_spec)
-  with partitioner.activation_rules():
-    step = jax.jit(jax.value_and_grad(loss_fn), in_shardings=(shardings, batch, batch, None),
-                   out_shardings=(None, shardings))
-    loss, grads = step(sharded, x, y, jax.random.key(3))
-  np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
-  for (path, grad), ref in zip(jax.tree_util.tree_flatten_with_path(grads)[0],
-                               jax.tree.leaves(ref_grads)):
-    np.testing.assert_allclose(grad, ref, rtol=1e-5, atol=1e-6, err_msg=str(path))
+  grads, shardings = sharded_grads_equal_unsharded(model, x, y)
   kernel = grads["ConvFlipout_0"]["kernel_scale"]
   assert kernel.sharding == shardings["ConvFlipout_0"]["kernel_scale"]
   assert kernel.sharding.spec == P(None, None, "data", "model")
