@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install data demo experiment demo-synthetic demo-layers test test-slow test-tpu clean scaling scaling-full bench
+.PHONY: install data demo experiment demo-synthetic demo-layers examples test test-slow test-tpu clean scaling scaling-full bench
 
 install: $(STAMP)
 
@@ -82,6 +82,14 @@ demo-synthetic: $(STAMP)
 # The layer library on its own: a Bayesian MLP in a few seconds.
 demo-layers: $(STAMP)
 	$(PY) -m meshbayes.demo
+
+# The layer library's examples at full size (meshbayes/examples): figures and JSONs
+# under runs/examples/, about ten CPU minutes in all; char_lstm reads `make data`'s corpus.
+examples: data
+	$(PY) -m meshbayes.examples.sin_regression
+	$(PY) -m meshbayes.examples.lenet_digits
+	$(PY) -m meshbayes.examples.resnet
+	$(PY) -m meshbayes.examples.char_lstm
 
 test: $(STAMP)
 	$(PY) -m pytest -m 'not slow' $(PYTEST_ARGS)
