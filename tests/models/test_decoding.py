@@ -226,7 +226,8 @@ def test_regenerated_decode_weights_decode_the_same_samples_in_one_copy_of_memor
   def compiled(model, num_samples):
     fn = jax.jit(functools.partial(model.predict_batch_with_aux, method="greedy",
                                    num_samples=num_samples))
-    return fn, fn.lower(params, batch, jax.random.key(1)).compile().memory_analysis()
+    fn = fn.lower(params, batch, jax.random.key(1)).compile()
+    return fn, fn.memory_analysis()
 
   temp = {}
   for name, model in (("stored", stored), ("regenerated", regenerated)):
@@ -256,13 +257,12 @@ def test_decoding_with_one_of_the_samples_alone():
   posterior-mean decode of those sampled weights."""
   model, params, batch = tiny_model()
   rng = jax.random.key(4)
-  alone = jitted(model.predict_batch_with_aux, method="greedy", num_samples=3)
+  one_sample = jax.jit(lambda p, b, k, i: model.predict_batch_with_aux(
+      p, b, k, method="greedy", num_samples=3, sample_index=i))
+  posterior_mean = jitted(model.predict_batch_with_aux, method="greedy")
   for s in range(3):
-    tokens, aux = jax.jit(lambda p, b, k, i: model.predict_batch_with_aux(
-        p, b, k, method="greedy", num_samples=3, sample_index=i))(params, batch, rng, s)
+    tokens, aux = one_sample(params, batch, rng, s)
     weights = layers.sample_weights(params, jax.random.split(rng, 3)[s])
-    expected, expected_aux = jitted(model.predict_batch_with_aux, method="greedy")(
-        weights, batch, rng)
+    expected, expected_aux = posterior_mean(weights, batch, rng)
     np.testing.assert_array_equal(tokens, expected)
     np.testing.assert_allclose(aux["scores"], expected_aux["scores"], rtol=1e-5)
-  assert alone(params, batch, rng)[0].shape == tokens.shape
