@@ -19,10 +19,11 @@ from meshbayes.tools import inspect_checkpoint
 from tests.trainer.runs import TOOLS, events, run, train_args
 
 
-def command(capsys, entry_point, *args):
+def command(capsys, entry_point, *args, model_from_model_dir=False):
   """Runs a command (``train``, ``evaluate``, ``infer``) here: (exit code, stdout, stderr)."""
   try:
-    launch.run(f"meshbayes.{entry_point}", entry_point, list(args))
+    launch.run(f"meshbayes.{entry_point}", entry_point, list(args),
+               model_from_model_dir=model_from_model_dir)
     code = 0
   except SystemExit as exit_:
     code = exit_.code
@@ -262,3 +263,36 @@ def test_evaluate_infer_and_show_a_trained_run(trained, tmp_path, capsys):
   assert "encoder/layers/attention/query/kernel_scale" in shown
   assert "(layers, embed, heads, kv)" in shown and "posterior standard deviation" in shown
   assert inspect_checkpoint.main(["show", str(tmp_path / "nothing")]) == 2
+
+
+@pytest.mark.slow  # two trainings and two evaluations; the model paths are tested in make test
+def test_evaluate_mc_dropout_and_a_deep_ensemble_through_the_command(tmp_path, capsys):
+  """The baselines through ``meshbayes.eval``: MC dropout on a deterministic run trained
+  with dropout, and a deep ensemble of two seeds, each reported as a model average."""
+  runs = [tmp_path / f"seed{seed}" for seed in (0, 1)]
+  for seed, model_dir in enumerate(runs):
+    code, _, err = train(capsys, *train_args(
+        model_dir, 4, f"--gin.train.seed={seed}",
+        "--gin.models.TransformerConfig.dropout_rate=0.1", kind="deterministic"))
+    assert code == 0, err[-2000:]
+  evaluate = lambda *bindings: command(
+      capsys, "evaluate", "--gin_file=runs/eval.gin", "--gin_file=tasks/synthetic.gin",
+      f"--gin.MODEL_DIR='{runs[0]}'", "--gin.BATCH_SIZE=64",
+      "--gin.data.TaskData.max_eval_batches=2", "--gin.evaluate.num_samples=2",
+      "--gin.evaluate.decode_method='greedy'", "--gin.evaluate.ood_shuffled_words=True",
+      "--gin.evaluate.max_ood_examples=64", *bindings, model_from_model_dir=True)
+  out_dir = runs[0] / "eval" / "synthetic_reverse"
+  results = {}
+  for name, binding in (("mc_dropout", "--gin.evaluate.mc_dropout=True"),
+                        ("ensemble", f"--gin.evaluate.ensemble_dirs=['{runs[1]}']")):
+    code, _, err = evaluate(binding)
+    assert code == 0, err[-2000:]
+    results[name] = json.loads((out_dir / "metrics.json").read_text())
+  for name, metrics in results.items():
+    assert metrics["num_decoded"] == 128, name
+    assert "model_average" in metrics["predictives"], (name, metrics["predictives"])
+    ood = metrics["ood"]["shuffled_words"]
+    # Two samples that differ: the mutual information is a score, not a constant zero.
+    assert 0 <= ood["auroc_mutual_information"] <= 1 and ood["num_examples"] == 64, name
+  assert results["ensemble"]["ensemble"] == [str(runs[0]), str(runs[1])]
+  assert results["ensemble"]["num_samples"] == 2
