@@ -5,8 +5,10 @@
 Downloads the ``nmt==0.0.6`` source distribution with pip (unless ``--sdist``
 names a copy), checks its SHA-256 and writes the splits, the Spanish OOD
 sentences and the attribution under ``DIR/tatoeba/`` (default: the data
-directory, ``$MESHBAYES_DATA_DIR`` or ``data/``). Does nothing when that is
-already prepared, unless ``--force``. See ``meshbayes/data/tatoeba.py``.
+directory, ``$MESHBAYES_DATA_DIR`` or ``data/``); then the technical-English
+OOD sentences from the installed scikit-learn under ``DIR/ood/``. Does nothing
+when that is already prepared, unless ``--force``. See
+``meshbayes/data/tatoeba.py`` and ``meshbayes/data/technical_english.py``.
 """
 
 from __future__ import annotations
@@ -47,10 +49,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
   # Said first: loading the data layer (TensorFlow) takes seconds.
   print("prepare_data: preparing the Tatoeba English-French corpus (loading the data layer)",
         flush=True)
-  from meshbayes.data import paths, tatoeba  # pylint: disable=import-outside-toplevel
+  # pylint: disable-next=import-outside-toplevel
+  from meshbayes.data import paths, tatoeba, technical_english
   root = args.data_dir or paths.data_dir()
   start = time.perf_counter()
   try:
+    count = technical_english.prepare(root, force=args.force)
+    print(f"{technical_english.path(root)}: {count:,} technical English sentences (OOD)")
     manifest = None if args.force else tatoeba.read_manifest(root)
     if manifest is not None:
       print(f"{tatoeba.corpus_dir(root)} is already prepared (--force prepares it again)")
