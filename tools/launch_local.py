@@ -129,20 +129,26 @@ def supervise(processes: Sequence[subprocess.Popen], out: TextIO = sys.stdout,
   """Streams the processes' output until all end; stops the rest when one fails.
 
   Returns:
-    The worst exit status (0 only when every process succeeded).
+    0 when every process succeeded, else the status of the first failure seen
+    (the cause: a peer then aborted by the coordination service, or stopped here,
+    only follows it); among failures seen at once, the smallest status, an error's
+    exit rather than an abort's signal.
   """
   lock = threading.Lock()
   streams = [threading.Thread(target=_stream, args=(i, p, out, lock), daemon=True)
              for i, p in enumerate(processes)]
   for t in streams:
     t.start()
+  first_failure = None
   try:
     while any(p.poll() is None for p in processes):
       failed = [i for i, p in enumerate(processes) if p.poll() not in (None, 0)]
       if failed:
+        first = min(failed, key=lambda i: exit_status(processes[i].returncode))
+        first_failure = exit_status(processes[first].returncode)
         with lock:
-          out.write(f"launch_local: process {failed[0]} exited with status "
-                    f"{exit_status(processes[failed[0]].returncode)}; stopping the others\n")
+          out.write(f"launch_local: process {first} exited with status {first_failure}; "
+                    "stopping the others\n")
         stop(processes, grace_seconds)
         break
       time.sleep(0.2)
@@ -150,7 +156,9 @@ def supervise(processes: Sequence[subprocess.Popen], out: TextIO = sys.stdout,
     stop(processes, grace_seconds)
   for t in streams:
     t.join(timeout=5)
-  return max(exit_status(p.returncode) for p in processes)
+  if first_failure is not None:
+    return first_failure
+  return min((exit_status(p.returncode) for p in processes if p.returncode), default=0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

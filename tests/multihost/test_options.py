@@ -1,6 +1,10 @@
 """The pieces of multi-host runs that need no second process: flags, options, input shards."""
 
+import io
 import itertools
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -74,3 +78,24 @@ def test_one_host_reading_two_shards_sees_what_two_hosts_read_together():
     HostInput(data, DataLayout(8, 4, 0, 2), input_shards=1)
   with pytest.raises(ValueError, match="divide the global batch"):
     HostInput(data, DataLayout(8, 8, 0, 1), input_shards=3)
+
+
+def _python(code):
+  return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+
+
+def test_the_status_is_the_first_failures_not_a_peers_abort():
+  out = io.StringIO()
+  # An error (1) and a peer aborted by the coordination service (134), both ended
+  # before they are seen: the error's status, not the abort's.
+  processes = [_python("import sys; sys.exit(1)"), _python("import os; os.abort()")]
+  for p in processes:
+    p.wait()
+  assert launch_local.supervise(processes, out=out, grace_seconds=5) == 1
+  # A peer still running is stopped; the status stays the failure's.
+  processes = [_python("import time; time.sleep(60)"), _python("import sys; sys.exit(3)")]
+  assert launch_local.supervise(processes, out=out, grace_seconds=5) == 3
+  assert processes[0].returncode == -signal.SIGTERM
+  assert "process 1 exited with status 3; stopping the others" in out.getvalue()
+  assert launch_local.supervise([_python("pass"), _python("pass")], out=out) == 0
