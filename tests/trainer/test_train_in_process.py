@@ -210,6 +210,7 @@ def test_evaluate_infer_and_show_a_trained_run(trained, tmp_path, capsys):
                            "--gin_file=tasks/synthetic.gin"]
   code, _, err = command(capsys, "evaluate", *run_files("eval"), *common,
                          "--gin.evaluate.decode_method='greedy'",
+                         "--gin.data.TaskData.max_eval_batches=2",
                          "--gin.evaluate.ood_shuffled_words=True",
                          "--gin.evaluate.max_ood_examples=100",
                          "--gin.evaluate.temperature_scaling=True",
@@ -217,7 +218,7 @@ def test_evaluate_infer_and_show_a_trained_run(trained, tmp_path, capsys):
   assert code == 0, err[-2000:]
   out_dir = trained / "eval" / "synthetic_reverse"
   metrics = json.loads((out_dir / "metrics.json").read_text())
-  assert metrics["step"] == 8 and metrics["num_decoded"] == 512
+  assert metrics["step"] == 8 and metrics["num_decoded"] == 128
   assert {"nll", "accuracy", "neg_elbo", "sequence_accuracy", "bleu", "token_ece",
           "sequence_calibration_error"} <= set(metrics)
   assert metrics["predictives"] == ["model_average", "posterior_mean",
@@ -230,7 +231,7 @@ def test_evaluate_infer_and_show_a_trained_run(trained, tmp_path, capsys):
   assert metrics["ood"]["targets_as_inputs"]["num_examples"] == 100
   assert 0 <= metrics["ood"]["targets_as_inputs"]["fpr95_mutual_information"] <= 1
   for name in metrics["predictives"]:
-    assert len((out_dir / f"predictions_{name}.jsonl").read_text().splitlines()) == 512
+    assert len((out_dir / f"predictions_{name}.jsonl").read_text().splitlines()) == 128
   assert (out_dir / "reliability.png").stat().st_size > 0
   # Progress bars on stderr; the metrics as TensorBoard scalars and a JSON line too.
   assert "token calibration (model_average)" in err and "decoding shuffled_words" in err
