@@ -90,6 +90,9 @@ examples: data
 	$(PY) -m meshbayes.examples.lenet_digits
 	$(PY) -m meshbayes.examples.resnet
 	$(PY) -m meshbayes.examples.char_lstm
+	$(PY) -m meshbayes.examples.flow_moons
+	$(PY) -m meshbayes.examples.vqvae_digits
+	$(PY) -m meshbayes.examples.pixel_mixture
 
 test: $(STAMP)
 	$(PY) -m pytest -m 'not slow' $(PYTEST_ARGS)

@@ -11,6 +11,14 @@
 - ``python -m meshbayes.examples.char_lstm``: the paper's Figure 1, a Bayesian
   LSTM character language model (Flipout cell) against its deterministic twin
   on the English side of Tatoeba (needs ``make data``): perplexity and ECE.
+- ``python -m meshbayes.examples.flow_moons``: a RealNVP flow with MADE
+  conditioners turns a standard normal into scikit-learn's two moons (test
+  log-likelihood against the base Gaussian and a Gaussian mixture).
+- ``python -m meshbayes.examples.vqvae_digits``: a VQ-VAE on the digits, its
+  codes through a ``VectorQuantizer`` (reconstruction error, codebook usage).
+- ``python -m meshbayes.examples.pixel_mixture``: the paper's Figure 6, an
+  autoregressive (MADE) model of the digits' pixels with a discretized
+  logistic mixture likelihood, in bits per dimension.
 
 Each takes ``--output_dir`` and size flags (``--help``); sizes default to the
 full run, and the tests run each at toy size.

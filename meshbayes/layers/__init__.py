@@ -2,10 +2,15 @@
 
 Each layer keeps its flax twin's constructor and call; see ``dense``,
 ``embed``, ``conv``, ``variational_dropout``, ``lstm`` and ``attention``; ``bayesianize``
-makes any flax model of flax's own layers Bayesian. Estimators are pure
-functions in ``estimators``; priors and their KL in ``priors``; how the
-recorded KL enters a loss in ``kl``.
+makes any flax model of flax's own layers Bayesian. Layers over functions and
+activations: ``gaussian_process``, ``stochastic_outputs`` (tensor in,
+TensorFlow Probability distribution out; ``Normal`` here is that output layer,
+the weight posterior is ``estimators.Normal``), ``reversible`` (flows) and
+``vector_quantization``. Estimators are pure functions in ``estimators``;
+priors and their KL in ``priors``; how the recorded KL enters a loss in ``kl``.
 """
+
+import importlib
 
 from meshbayes.layers import estimators
 from meshbayes.layers.attention import (
@@ -44,7 +49,6 @@ from meshbayes.layers.embed import (
                                     EmbedReparameterization,
                                     embed_class,
 )
-from meshbayes.layers.estimators import Normal
 from meshbayes.layers.initializers import (
                                     constant_stddev,
                                     fan_in_stddev,
@@ -75,6 +79,11 @@ from meshbayes.layers.weight_posterior import (
                                     holds_posterior,
                                     posterior_mean,
 )
+from meshbayes.layers.vector_quantization import (
+                                    VQ_LOSS_COLLECTION,
+                                    VectorQuantizer,
+                                    total_vq_loss,
+)
 from meshbayes.layers.variational_dropout import (
                                     ConvVariationalDropout,
                                     DenseVariationalDropout,
@@ -83,6 +92,28 @@ from meshbayes.layers.variational_dropout import (
                                     log_uniform_kl,
                                     sparsity,
 )
+
+# Layers returning TensorFlow Probability distributions load on first use:
+# TFP's JAX substrate imports TensorFlow when installed (for docstrings), ~2 s
+# that a model without them should not pay.
+_LAZY_MODULES = {
+    "reversible": ("MADE", "Flow", "MaskedDense", "RealNVP", "Reverse",
+                   "transform_distribution"),
+    "stochastic_outputs": ("Bernoulli", "Categorical", "Discretize", "MixtureLogistic",
+                           "MixtureNormal", "Normal", "Poisson", "discretize"),
+}
+_LAZY = {name: module for module, names in _LAZY_MODULES.items() for name in names}
+
+
+def __getattr__(name: str):
+  if name in _LAZY_MODULES:
+    return importlib.import_module(f"{__name__}.{name}")
+  if name not in _LAZY:
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+  value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+  globals()[name] = value
+  return value
+
 
 __all__ = [
                                     "RNN",
@@ -152,4 +183,20 @@ __all__ = [
                                     "softplus_inverse",
                                     "sparsity",
                                     "total_kl",
+                                    "MADE",
+                                    "Flow",
+                                    "MaskedDense",
+                                    "RealNVP",
+                                    "Reverse",
+                                    "transform_distribution",
+                                    "Bernoulli",
+                                    "Categorical",
+                                    "Discretize",
+                                    "MixtureLogistic",
+                                    "MixtureNormal",
+                                    "Poisson",
+                                    "discretize",
+                                    "VQ_LOSS_COLLECTION",
+                                    "VectorQuantizer",
+                                    "total_vq_loss",
 ]

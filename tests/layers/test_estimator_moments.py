@@ -147,7 +147,7 @@ def test_outputs_of_different_positions_are_decorrelated(cls_name):
 def test_flipout_signs_are_plus_minus_one():
   """Flipout's two sign tensors are exactly +-1, drawn per element of input and output."""
   x = jnp.ones((3, 5, 1))
-  kernel = layers.Normal(jnp.zeros((1, 2)), jnp.ones((1, 2)))
+  kernel = layers.estimators.Normal(jnp.zeros((1, 2)), jnp.ones((1, 2)))
   contract = lambda a, w, **kw: jnp.einsum("blk,kf->blf", a, w)
   out = layers.estimators.flipout(jax.random.key(0), contract, x, kernel)
   # One input feature, loc = 0 and one eps per call: every output is +-eps, so
@@ -183,7 +183,7 @@ def test_flipout_fourth_moments_need_both_sign_vectors():
   num_draws, batch, width = 500, 16, 32
   x = 0.5 + jnp.abs(jax.random.normal(jax.random.key(0), (batch, width)))
   sd = jax.random.uniform(jax.random.key(1), (width, width), minval=0.2, maxval=1.0)
-  kernel = layers.Normal(jnp.zeros((width, width)), sd)  # loc 0: the outputs are p
+  kernel = layers.estimators.Normal(jnp.zeros((width, width)), sd)  # loc 0: the outputs are p
   contract = lambda a, w, **kw: jnp.einsum("bi,io->bo", a, w, **kw)
   flipout = lambda key: layers.estimators.flipout(key, contract, x, kernel)
   p = f64(jax.jit(jax.vmap(flipout))(jax.random.split(jax.random.key(2), num_draws)))
