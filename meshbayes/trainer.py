@@ -330,6 +330,10 @@ def _run(model_dir: epath.Path, model: BaseModel, data: TaskData, vocabulary: st
                       ".gin", configuration)
   STOP_SIGNALS.exit_at_once = False  # from the first new step on, a signal saves it
 
+  # Metrics stay on the device until a step that logs, evaluates, saves or stops: the host
+  # dispatches the next steps meanwhile (T5X-style). Every step's state is checked finite
+  # there, before anything is saved.
+  pending: list[tuple[int, dict[str, jax.Array]]] = []
   window: list[dict[str, float]] = []
   window_start, window_tokens = time.perf_counter(), 0.0
   last_saved, step = latest, start
@@ -339,20 +343,29 @@ def _run(model_dir: epath.Path, model: BaseModel, data: TaskData, vocabulary: st
     with partitioner.activation_rules():
       state, metrics = step_fn(state, partitioner.global_batch(host_batch))
     data_position += 1
-    step = int(state.step)
-    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-    state_is_finite = metrics.pop(STATE_IS_FINITE)
-    if not (state_is_finite and math.isfinite(metrics["loss"])):
-      _stop_non_finite(step, metrics["loss"], state_is_finite, ckpts, last_saved)
-    if step == start + 1:  # the first step includes compilation: not throughput
+    step += 1
+    pending.append((step, metrics))
+    if step > start + 1:
+      window_tokens += float(np.sum(host_batch["decoder_loss_weights"])) * jax.process_count()
+    logs = step % log_period == 0 or step == train_steps
+    evaluates = bool(eval_period) and step % eval_period == 0
+    saves = step % checkpoint_period == 0 or step == train_steps
+    stop = STOP_SIGNALS.received
+    if not (logs or evaluates or saves or stop or step == start + 1):
+      continue
+    for done, values in read_metrics(pending):
+      state_is_finite = values.pop(STATE_IS_FINITE)
+      if not (state_is_finite and math.isfinite(values["loss"])):
+        _stop_non_finite(done, values["loss"], state_is_finite, ckpts, last_saved)
+      if done > start + 1:  # the first step includes compilation: not throughput
+        window.append(values)
+    pending = []
+    if step == start + 1:
       window_start = time.perf_counter()
       progress.start_clock(step)
       _say(f"step {step} took {window_start - started:.1f} s (compilation included); "
            "training")
-    else:
-      window.append(metrics)
-      window_tokens += float(np.sum(host_batch["decoder_loss_weights"])) * jax.process_count()
-    if window and (step % log_period == 0 or step == train_steps):
+    if window and logs:
       seconds = time.perf_counter() - window_start
       logged = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
       logged.update(tokens_per_second=window_tokens / seconds,
@@ -361,10 +374,9 @@ def _run(model_dir: epath.Path, model: BaseModel, data: TaskData, vocabulary: st
       progress.update(step, logged)
       window, window_tokens, window_start = [], 0.0, time.perf_counter()
     paused = time.perf_counter()  # evaluation and saving are not step time
-    if eval_period and step % eval_period == 0:
+    if evaluates:
       eval_writer.write(step, evaluate(state.params))
-    stop = STOP_SIGNALS.received
-    if step % checkpoint_period == 0 or step == train_steps or stop:
+    if saves or stop:
       ckpts.save(step, state, dict(meta, data_position=data_position),
                  batches.states() if saves_input else None)
       if last_saved in (None, start):  # this start's first checkpoint
@@ -378,6 +390,13 @@ def _run(model_dir: epath.Path, model: BaseModel, data: TaskData, vocabulary: st
            "resume")
       raise Preempted(STOP_EXIT_CODES[stop])
   return state
+
+
+def read_metrics(pending: list[tuple[int, dict[str, jax.Array]]]
+                 ) -> list[tuple[int, dict[str, float]]]:
+  """The steps' metrics read back from the device at once: the loop's only wait on it."""
+  values = jax.device_get([metrics for _, metrics in pending])
+  return [(step, {k: float(v) for k, v in m.items()}) for (step, _), m in zip(pending, values)]
 
 
 def _stop_non_finite(step: int, loss: float, state_is_finite: bool,
