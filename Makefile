@@ -151,7 +151,7 @@ scaling-full: $(STAMP)
 	  --json=docs/scaling/search_v4.json
 
 # The cost of being Bayesian on this machine (tools/bench.py): a JSON report on stdout and
-# in runs/bench.json, about 8 minutes on 2 CPU cores (the pipeline section reads tatoeba_enfr).
+# in runs/bench.json, about 10 minutes on 2 CPU cores (the pipeline section reads tatoeba_enfr).
 bench: data
 	mkdir -p runs
 	$(PY) -m meshbayes.tools.bench --json=runs/bench.json

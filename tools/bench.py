@@ -32,6 +32,14 @@ Sections (``--sections``, default all):
   the compiled decode's memory (XLA's memory analysis, no run) of the
   ``--decode_memory_model`` preset for S in ``--decode_memory_samples``, with
   the samples' weights stored (S copies) or regenerated at each step (one).
+- ``trainer``: the trainer's steady-state step time (``trainer.train`` on the
+  synthetic reverse task, its logged ``step_seconds`` over ``--trainer_steps``
+  steps after the first) against the bare compiled step's (the same program,
+  ``jit_train_step``, called back to back on one batch of the same shapes),
+  for each preset of ``--trainer_models`` at ``--step_batch`` x
+  ``--step_length`` tokens (vocabulary 128, the task's, padded). Goal:
+  ``overhead`` = trainer / bare - 1 at most 3%: metrics stay on the device
+  between logging steps, so the host dispatches ahead.
 - ``resume``: seconds from opening the input to the end of the first train
   step when a run of ``--resume_task``'s demo resumes at step
   ``--resume_step``: with the input's position restored from the
@@ -71,7 +79,7 @@ import numpy as np
 
 from meshbayes import layers
 
-SECTIONS = ("step", "layers", "pipeline", "decode", "resume")
+SECTIONS = ("step", "layers", "pipeline", "decode", "trainer", "resume")
 
 
 def alternate(programs: dict[str, Callable[[], Any]], rounds: int, warmup: int = 1
@@ -361,6 +369,69 @@ def decode_memory(args: argparse.Namespace) -> dict[str, Any]:
 
 # --- resume: the input's position restored vs batches skipped -----------------------------------
 
+def bench_trainer(args: argparse.Namespace) -> dict[str, Any]:
+  steps = dict(zip(args.trainer_models.split(","), map(int, args.trainer_steps.split(","))))
+  report = {model: trainer_against_bare_step(model, n, args.step_batch, args.step_length,
+                                             args.step_rounds)
+            for model, n in steps.items()}
+  report["goal"] = "overhead <= 0.03"
+  return report
+
+
+def trainer_against_bare_step(model_name: str, num_steps: int, batch_size: int, length: int,
+                              rounds: int) -> dict[str, Any]:
+  """Seconds per step of the trainer's loop and of its compiled step alone, same program."""
+  import tempfile
+  from meshbayes import trainer
+  from meshbayes.data import TaskData
+  from meshbayes.partitioning import Partitioner
+  from meshbayes.scaling.aot import StepSpec, build_steps
+
+  spec = StepSpec(model=model_name, overrides=(("vocab_size", 128),), batch_size=batch_size,
+                  input_length=length, target_length=length, model_parallel=1,
+                  partitioning="data_only", num_train_units=1e6)
+  partitioner = Partitioner(data=1, model=1, rules="data_only", devices=jax.devices()[:1])
+  rng = np.random.default_rng(0)
+  shapes = spec.input_shapes()
+  batch = {name: jnp.asarray(rng.integers(1, 32, size=shape), jnp.int32)
+           for name, shape in shapes.items()}
+  batch["decoder_loss_weights"] = jnp.ones(shapes["decoder_loss_weights"], jnp.int32)
+  state, compiled = compiled_train_step(spec, partitioner, batch)
+
+  def bare() -> float:
+    nonlocal state
+    state, metrics = compiled(state, batch)  # warm, and the last run's work is done
+    jax.block_until_ready(metrics)
+    start = time.perf_counter()
+    for _ in range(num_steps):
+      state, metrics = compiled(state, batch)
+    jax.block_until_ready(metrics)
+    return (time.perf_counter() - start) / num_steps
+
+  def trained() -> float:
+    data = TaskData(task="synthetic_reverse", feature_lengths={"inputs": length,
+                    "targets": length}, batch_size=batch_size)
+    with tempfile.TemporaryDirectory() as model_dir:
+      # Step 1 compiles; steps 2..num_steps + 1 are the logged window.
+      trainer.train(model_dir=model_dir, model=build_steps(spec)[0], data=data,
+                    train_steps=num_steps + 1, partitioner=partitioner,
+                    log_period=num_steps + 1, checkpoint_period=num_steps + 1,
+                    async_checkpointing=False)
+      logged = json.loads((Path(model_dir) / "metrics.jsonl").read_text().splitlines()[0])
+    return logged["step_seconds"]
+
+  # Alternating, fastest of each (load only adds time).
+  times: dict[str, list[float]] = {"trainer": [], "bare": []}
+  for _ in range(rounds):
+    times["bare"].append(bare())
+    with contextlib.redirect_stdout(sys.stderr):  # the JSON report owns stdout
+      times["trainer"].append(trained())
+  fastest = {k: min(v) for k, v in times.items()}
+  return {"steps": num_steps, "batch_size": batch_size, "length": length,
+          "seconds": fastest, "median_seconds": {k: statistics.median(v) for k, v in times.items()},
+          "overhead": fastest["trainer"] / fastest["bare"] - 1}
+
+
 def bench_resume(args: argparse.Namespace) -> dict[str, Any]:
   return resume_at_step(args.resume_task, args.resume_step)
 
@@ -448,6 +519,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   parser.add_argument("--decode_samples", default="1,4")
   parser.add_argument("--decode_memory_model", default="small")
   parser.add_argument("--decode_memory_samples", default="1,4,8")
+  parser.add_argument("--trainer_models", default="tiny,small")
+  parser.add_argument("--trainer_steps", default="200,12",
+                      help="timed steps per trainer run, one per --trainer_models entry")
   parser.add_argument("--resume_task", default="tatoeba_enfr",
                       help=f"from {', '.join(PIPELINE_DEMOS)}")
   parser.add_argument("--resume_step", type=int, default=10_000)
@@ -457,6 +531,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   if unknown:
     parser.error(f"--sections: unknown {', '.join(sorted(unknown))}; choose from "
                  f"{', '.join(SECTIONS)}")
+  if len(args.trainer_models.split(",")) != len(args.trainer_steps.split(",")):
+    parser.error(f"--trainer_steps={args.trainer_steps}: give one count per --trainer_models "
+                 f"entry ({args.trainer_models})")
   unknown = set(args.pipeline_tasks.split(",") + [args.resume_task]) - set(PIPELINE_DEMOS)
   if unknown:
     parser.error(f"--pipeline_tasks, --resume_task: unknown {', '.join(sorted(unknown))}; "
@@ -467,7 +544,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   args = parse_args(argv)
   runners = {"step": bench_step, "layers": bench_layers, "pipeline": bench_pipeline,
-             "decode": bench_decode, "resume": bench_resume}
+             "decode": bench_decode, "trainer": bench_trainer, "resume": bench_resume}
   report: dict[str, Any] = {"devices": [str(d) for d in jax.devices()],
                             "jax_version": jax.__version__, "rounds": args.rounds}
   for section in args.sections.split(","):

@@ -15,7 +15,8 @@ def test_every_section_reports_its_ratios(tmp_path):
                        "--prng_impls=default", "--no-jax_noise", "--pipeline_seconds=0.3",
                        "--pipeline_tasks=synthetic_reverse", "--decode_samples=2",
                        "--decode_length=4", "--decode_batch=4", "--resume_task=synthetic_reverse",
-                       "--resume_step=20", f"--json={out}"])
+                       "--resume_step=20", "--trainer_models=tiny", "--trainer_steps=3",
+                       f"--json={out}"])
   assert json.loads(out.read_text()) == json.loads(json.dumps(report))
   step = report["step"]
   assert step["efficiency_quotient"] == step["time_ratio"] / step["flop_ratio"]
@@ -30,7 +31,10 @@ def test_every_section_reports_its_ratios(tmp_path):
   assert abs(layers["matmul_flop_ratio"]["reparameterization"] - 1.0) < 0.01
   pipeline = report["pipeline"]["synthetic_reverse"]
   assert pipeline["ratio"] > 0 and pipeline["train_steps_per_second"] > 0
-  assert set(report["decode"]["slowdown_vs_posterior_mean"]) == {"S=2"}
+  assert set(report["decode"]["slowdown_vs_posterior_mean"]) == {"S=2", "S=2, regenerated"}
+  trainer = report["trainer"]["tiny"]
+  assert trainer["overhead"] == trainer["seconds"]["trainer"] / trainer["seconds"]["bare"] - 1
+  assert min(trainer["seconds"].values()) > 0
   resume = report["resume"]
   # Every method reaches the same batch 20; the restored state's size is seqio's shuffle buffer.
   assert resume["same_first_batch"] and resume["step"] == 20
@@ -40,7 +44,9 @@ def test_every_section_reports_its_ratios(tmp_path):
 
 
 def test_unknown_sections_and_tasks_are_one_line_errors(capsys):
-  for flag in ("--sections=steps", "--pipeline_tasks=wmt", "--resume_task=wmt"):
+  for flag, message in (("--sections=steps", "unknown"), ("--pipeline_tasks=wmt", "unknown"),
+                        ("--resume_task=wmt", "unknown"),
+                        ("--trainer_steps=1,2,3", "one count per --trainer_models")):
     with pytest.raises(SystemExit):
       bench.parse_args([flag])
-    assert "unknown" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
