@@ -127,9 +127,13 @@ def shuffled_epochs(size: int, seed: int) -> tf.data.Dataset:
           i, tf.stack([tf.constant(seed, tf.int64), epoch]), size - 1)))
 
 
-def tatoeba_dataset(split: str, shuffle_files: bool, seed: int | None = None
-                    ) -> tf.data.Dataset:
+def tatoeba_dataset(split: str, shuffle_files: bool, seed: int | None = None,
+                    train_pairs: int | None = None) -> tf.data.Dataset:
   """A prepared Tatoeba split as ``{'en', 'fr'}`` text, read when requested.
+
+  ``train_pairs`` keeps the training split's first pairs only: the file holds
+  its groups of translations in a salted-hash order (``tatoeba.split_pairs``),
+  so they are a fixed sample of the split, not its shortest or oldest pairs.
 
   With ``shuffle_files`` the split is read endlessly (for training), each
   epoch in a new order that depends only on ``seed`` (``shuffled_epochs``), and
@@ -139,6 +143,8 @@ def tatoeba_dataset(split: str, shuffle_files: bool, seed: int | None = None
   """
   path, size, mtime_ns = _tatoeba_split(split)
   english, french = _read_tatoeba(str(path), size, mtime_ns)
+  if split == "train" and train_pairs is not None:
+    english, french = english[:train_pairs], french[:train_pairs]
   texts = {"en": tf.constant(english, tf.string), "fr": tf.constant(french, tf.string)}
   if shuffle_files:
     indices = shuffled_epochs(len(english), 0 if seed is None else seed)
@@ -188,6 +194,12 @@ _TATOEBA_SOURCE = FunctionDataSource(tatoeba_dataset, SPLITS, tatoeba_fingerprin
                                      shuffles_whole_split=True)
 _register("tatoeba_enfr", _TATOEBA_SOURCE, "en", "fr", _TATOEBA_VOCABULARY)
 _register("tatoeba_fren", _TATOEBA_SOURCE, "fr", "en", _TATOEBA_VOCABULARY)
+# A training set small for its model (the Bayesian Layers paper's regime; `make experiment`):
+# the first 20,000 training pairs, the same validation and test splits.
+TATOEBA_SUBSET_PAIRS = 20_000
+_register("tatoeba_enfr_20k", FunctionDataSource(
+    functools.partial(tatoeba_dataset, train_pairs=TATOEBA_SUBSET_PAIRS), SPLITS,
+    tatoeba_fingerprint, shuffles_whole_split=True), "en", "fr", _TATOEBA_VOCABULARY)
 
 _WMT = (  # task prefix, TFDS name, other language
     ("wmt14", "wmt14_translate/fr-en:1.0.0", "fr"),

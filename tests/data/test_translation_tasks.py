@@ -305,3 +305,17 @@ def test_wmt_task_reads_prepared_tfds_data(tmp_path, monkeypatch):
     assert e["targets_pretokenized"].decode() == e["inputs_pretokenized"].decode().replace(
         "Das", "The").replace("Haus", "house")
     assert vocabulary.decode(e["targets"][:-1].tolist()) == e["targets_pretokenized"].decode()
+
+
+
+def test_the_subset_task_trains_on_the_first_pairs_and_keeps_the_heldout_splits(data_dir):
+  train = tatoeba.read_tsv(tatoeba.split_path(data_dir, "train")).pairs
+  subset = translation.tatoeba_dataset("train", shuffle_files=False, train_pairs=5)
+  assert len(train) > 5
+  assert [e["en"].decode() for e in subset.as_numpy_iterator()] == [
+      p.english for p in train[:5]]
+  for split in ("validation", "test"):
+    inputs = lambda task: [e["inputs_pretokenized"] for e in _examples(task, split)]
+    assert inputs("tatoeba_enfr_20k") == inputs("tatoeba_enfr") != []
+  # The fake corpus is smaller than the subset: all of its training split.
+  assert len(_examples("tatoeba_enfr_20k", "train")) == len(train) < translation.TATOEBA_SUBSET_PAIRS
