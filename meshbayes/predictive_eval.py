@@ -222,6 +222,29 @@ def _as_targets(outputs: Sequence[list[int]], length: int, eos_id: int) -> Batch
           "decoder_loss_weights": (targets > 0).astype(np.int32)}
 
 
+@functools.lru_cache(maxsize=16)
+def _decode_programs(model: BaseModel, predictive: Predictive, max_length: int,
+                     decode_items: tuple[tuple[str, Any], ...], param_tree: Any,
+                     param_shardings: tuple[Any, ...], batch_sharding: NamedSharding
+                     ) -> tuple[Any, Any, Any]:
+  """``decode_and_score``'s jitted decode, score and one-sample decode, built once per
+  model, predictive and options: an evaluation decodes the split and each OOD set with
+  the same programs, compiled once."""
+  decode_kwargs = dict(decode_items)
+  shardings = jax.tree.unflatten(param_tree, param_shardings)
+  decode = jax.jit(functools.partial(model.predict_batch_with_aux, max_length=max_length,
+                                     **predictive.score_options, **decode_kwargs),
+                   in_shardings=(shardings, batch_sharding, None))
+  score = jax.jit(functools.partial(model.score_batch, **predictive.score_options),
+                  in_shardings=(shardings, batch_sharding, None))
+  decode_alone = jax.jit(
+      lambda params, batch, key, index: model.predict_batch_with_aux(
+          params, batch, key, max_length=max_length, sample_index=index,
+          **predictive.score_options, **decode_kwargs)[0],
+      in_shardings=(shardings, batch_sharding, None, None))
+  return decode, score, decode_alone
+
+
 def decode_and_score(model: BaseModel, params: Any, input_batches: Iterable[np.ndarray],
                      partitioner: Partitioner, predictive: Predictive, rng: jax.Array,
                      max_length: int, eos_id: int, sample_agreement: bool = False,
@@ -250,17 +273,10 @@ def decode_and_score(model: BaseModel, params: Any, input_batches: Iterable[np.n
     One record per non-empty input row, in order.
   """
   param_shardings = jax.tree.map(lambda x: x.sharding, params)
-  batch_sharding = _batch_sharding(partitioner)
-  decode = jax.jit(functools.partial(model.predict_batch_with_aux, max_length=max_length,
-                                     **predictive.score_options, **decode_kwargs),
-                   in_shardings=(param_shardings, batch_sharding, None))
-  score = jax.jit(functools.partial(model.score_batch, **predictive.score_options),
-                  in_shardings=(param_shardings, batch_sharding, None))
-  decode_alone = jax.jit(
-      lambda params, batch, key, index: model.predict_batch_with_aux(
-          params, batch, key, max_length=max_length, sample_index=index,
-          **predictive.score_options, **decode_kwargs)[0],
-      in_shardings=(param_shardings, batch_sharding, None, None))
+  decode, score, decode_alone = _decode_programs(
+      model, predictive, max_length, tuple(sorted(decode_kwargs.items())),
+      jax.tree.structure(param_shardings), tuple(jax.tree.leaves(param_shardings)),
+      _batch_sharding(partitioner))
   num_samples = predictive.num_samples if sample_agreement else 0
   records = []
   with partitioner.activation_rules():
