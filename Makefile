@@ -93,6 +93,7 @@ examples: data
 	$(PY) -m meshbayes.examples.flow_moons
 	$(PY) -m meshbayes.examples.vqvae_digits
 	$(PY) -m meshbayes.examples.pixel_mixture
+	OPENBLAS_NUM_THREADS=1 $(PY) -m meshbayes.examples.deep_gp_diabetes
 
 test: $(STAMP)
 	$(PY) -m pytest -m 'not slow' $(PYTEST_ARGS)

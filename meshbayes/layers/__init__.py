@@ -97,6 +97,8 @@ from meshbayes.layers.variational_dropout import (
 # TFP's JAX substrate imports TensorFlow when installed (for docstrings), ~2 s
 # that a model without them should not pay.
 _LAZY_MODULES = {
+    "gaussian_process": ("GaussianProcess", "RandomFourierFeatures", "SparseGaussianProcess",
+                         "gaussian_expected_log_likelihood", "optimal_variational_distribution"),
     "reversible": ("MADE", "Flow", "MaskedDense", "RealNVP", "Reverse",
                    "transform_distribution"),
     "stochastic_outputs": ("Bernoulli", "Categorical", "Discretize", "MixtureLogistic",
@@ -196,6 +198,11 @@ __all__ = [
                                     "MixtureNormal",
                                     "Poisson",
                                     "discretize",
+                                    "GaussianProcess",
+                                    "RandomFourierFeatures",
+                                    "SparseGaussianProcess",
+                                    "gaussian_expected_log_likelihood",
+                                    "optimal_variational_distribution",
                                     "VQ_LOSS_COLLECTION",
                                     "VectorQuantizer",
                                     "total_vq_loss",
