@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install data demo experiment demo-synthetic demo-layers examples test test-slow test-tpu clean scaling scaling-full bench
+.PHONY: install data demo experiment demo-synthetic demo-layers examples test test-slow test-tpu clean scaling scaling-full roofline bench
 
 install: $(STAMP)
 
@@ -150,6 +150,26 @@ scaling-full: $(STAMP)
 	$(SCALING) --model=paper --topologies=v4:8x8x8 --remat=full --search_layers=6,12 \
 	  --title="Largest Bayesian Transformer on v4-512 (AdamW, rematerialized)" \
 	  --json=docs/scaling/search_v4.json
+	$(SCALING) --model=paper --topologies=v2:2x2,v2:4x4,v2:8x8,v2:16x16 --compare_deterministic \
+	  --title="paper preset on TPUv2, with replica groups and HBM bytes for the roofline" \
+	  --json=docs/scaling/roofline_paper_v2.json
+	$(SCALING) --model=paper --topologies=v2:16x16 --compare_deterministic --dtype=bfloat16 \
+	  --title="paper preset on v2-512, bfloat16 compute" --json=docs/scaling/roofline_paper_v2_bf16.json
+	$(SCALING) --model=paper --num_heads=32 --mlp_dim=16384 --topologies=v2:2x2,v2:4x4,v2:8x8,v2:16x16 \
+	  --batch_size=4 --weak_scaling --compare_deterministic \
+	  --title="weak scaling on TPUv2: the paper preset at a quarter of its width, 4 sequences per data row" \
+	  --json=docs/scaling/roofline_weak_quarter_v2.json
+	$(SCALING) --model=paper --remat=full --topologies=v2:2x2,v2:4x4,v2:8x8,v2:16x16 \
+	  --batch_size=4 --weak_scaling --compare_deterministic \
+	  --title="weak scaling on TPUv2: the paper preset, rematerialized, 4 sequences per data row" \
+	  --json=docs/scaling/roofline_weak_paper_remat_v2.json
+
+# Predicted step times on TPU pods (docs/performance.md), recomputed from the roofline
+# studies' JSONs: no compile, no libtpu, seconds.
+ROOFLINE_JSONS := $(addprefix docs/scaling/roofline_,paper_v2.json paper_v2_bf16.json \
+  weak_quarter_v2.json weak_paper_remat_v2.json)
+roofline: $(STAMP)
+	$(SCALING) --from_json $(ROOFLINE_JSONS)
 
 # The cost of being Bayesian on this machine (tools/bench.py): a JSON report on stdout and
 # in runs/bench.json, about 10 minutes on 2 CPU cores (the pipeline section reads tatoeba_enfr).

@@ -13,6 +13,7 @@ meshes of the same sizes and estimates the fit against the TPU's memory.
     --batch_size=32 --input_length=16 --target_length=16 --json=/tmp/tiny.json
   python -m meshbayes.tools.scaling_study --model=paper --topologies=v2:16x16 --remat=full \\
     --search_layers=6,12,24 --json=docs/scaling/search_v2.json     # largest fitting model
+  python -m meshbayes.tools.scaling_study --from_json docs/scaling/paper_v2.json  # predictions only
 
 Writes the JSON (a list, one record per target and configuration), a
 markdown table (``--markdown``, default next to the JSON) and log-log plots
@@ -28,7 +29,12 @@ compiler's when it does not fit), ``required_bytes_per_device`` (out of
 memory), ``flops_per_device`` (matmul FLOPs per device per step, loops
 unrolled), ``xla_flops_per_device`` (XLA's cost analysis, which counts a loop
 body once), ``collectives`` (count, executed per step, bytes), and
-``compile_seconds``.
+``compile_seconds``; for TPU targets also ``collective_groups`` (each
+collective's replica groups: mesh axes and torus links they span),
+``hbm_bytes_per_device`` (bytes the program's operations move) and
+``roofline`` (the predicted step time on the target's generation,
+``meshbayes.scaling.roofline``; the markdown's "Predicted step time" table).
+``--from_json`` recomputes that table from existing JSON files without compiling.
 """
 
 from __future__ import annotations
@@ -56,7 +62,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--model", default="paper", help="size preset (tiny ... paper, 10b)")
-  parser.add_argument("--topologies", required=True,
+  parser.add_argument("--topologies",
                       help="comma-separated targets: v2:2x2, v3:4x4, v4:8x8x8, v5e:16x16, "
                            "v5p:4x8x8, or cpu:N")
   parser.add_argument("--target", choices=("tpu", "cpu"), default="tpu",
@@ -72,6 +78,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                       help="per-component estimators, e.g. mlp=deterministic,attention=flipout "
                            "(components: attention, cross_attention, mlp, embedding, logits)")
   parser.add_argument("--batch_size", type=int, default=256, help="global batch (sequences)")
+  parser.add_argument("--weak_scaling", action="store_true",
+                      help="--batch_size is the first topology's batch; the others scale it with "
+                           "their core count (batch per core fixed)")
   parser.add_argument("--input_length", type=int, default=256)
   parser.add_argument("--target_length", type=int, default=256)
   parser.add_argument("--optimizer", default="adamw", help="adamw, adafactor, sgd or ivon (ivon with --deterministic)")
@@ -91,11 +100,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                            "fit; bisect between them without compiling them again")
   parser.add_argument("--search_max_compiles", type=int, default=6,
                       help="most compiles per target and depth")
-  parser.add_argument("--json", required=True, help="output JSON")
+  parser.add_argument("--json", help="output JSON")
   parser.add_argument("--markdown", default=None, help="output table (default: JSON's .md)")
   parser.add_argument("--plot", default=None, help="output plot (default: JSON's .png)")
   parser.add_argument("--title", default="", help="title of the plot and table")
-  return parser.parse_args(argv)
+  parser.add_argument("--from_json", nargs="+", default=None, metavar="JSON",
+                      help="compile nothing: print (or write to --markdown) the predicted step "
+                           "time table of these study JSON files")
+  args = parser.parse_args(argv)
+  if args.from_json is None and (not args.topologies or not args.json):
+    parser.error("--topologies and --json are required (unless --from_json)")
+  return args
 
 
 def _set_up_jax(args: argparse.Namespace, targets) -> None:
@@ -165,13 +180,50 @@ def _differences(records: list[dict]) -> str:
   return "\n".join(lines) + "\n"
 
 
+def _from_json(args: argparse.Namespace) -> list[dict]:
+  """The predicted step time tables of existing study JSON files (nothing compiled)."""
+  from meshbayes.scaling import report
+  text, everything = [], []
+  for name in args.from_json:
+    path = Path(name)
+    try:
+      records = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+      raise SystemExit(f"--from_json: cannot read {name!r} as a scaling-study JSON: {error}")
+    if not isinstance(records, list):
+      raise SystemExit(f"--from_json: {name!r} holds no list of records")
+    everything += records
+    text += [f"## {path.name}: predicted step time (roofline)", "",
+             report.roofline_table(records)]
+  output = "\n".join(text)
+  if args.markdown:
+    Path(args.markdown).write_text(output)
+    print(f"wrote {args.markdown}")
+  else:
+    print(output)
+  return everything
+
+
+def _weak_batch(args: argparse.Namespace, targets, target) -> int:
+  """The global batch on ``target``: --batch_size, scaled with the cores under --weak_scaling."""
+  if not args.weak_scaling:
+    return args.batch_size
+  scaled, remainder = divmod(args.batch_size * target.num_devices, targets[0].num_devices)
+  if remainder:
+    raise SystemExit(f"--weak_scaling: --batch_size={args.batch_size} x {target.num_devices} / "
+                     f"{targets[0].num_devices} cores is not a whole batch on {target.label}")
+  return scaled
+
+
 def main(argv: Sequence[str] | None = None) -> list[dict]:
   args = parse_args(argv)
+  if args.from_json is not None:
+    return _from_json(args)
   targets = parse_targets(args.topologies, args.target)
   _set_up_jax(args, targets)
   import jax
 
-  from meshbayes.scaling import aot, report, search
+  from meshbayes.scaling import aot, report, roofline, search
 
   base = _base_spec(args)
   json_path = Path(args.json)
@@ -184,7 +236,14 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
   records: list[dict] = []
 
   def compile_and_log(spec, target):
-    record = aot.compile_step(spec, target)
+    record = aot.compile_step(spec, target, keep_hlo=target.platform == "tpu")
+    text = record.pop("hlo_text", None)
+    if text is not None:  # which devices each collective runs between, and HBM bytes
+      mesh = aot.make_partitioner(spec, target).mesh
+      record.update(roofline.program_profile(text, dict(mesh.shape),
+                                             roofline.mesh_chip_coords(mesh)))
+      del text
+    record["roofline"] = roofline.predictions(record)
     record.update(context)
     records.append(record)
     json_path.write_text(json.dumps(records, indent=1))  # partial results survive
@@ -205,8 +264,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                                      max_compiles=args.search_max_compiles)
         summaries.append((target.label, layers, best))
       continue
-    specs = [base.replace(deterministic=False), base.replace(deterministic=True)] \
-        if args.compare_deterministic else [base]
+    sized = base.replace(batch_size=_weak_batch(args, targets, target))
+    specs = [sized.replace(deterministic=False), sized.replace(deterministic=True)] \
+        if args.compare_deterministic else [sized]
     for spec in specs:
       start = time.perf_counter()
       record = compile_and_log(spec, target)
@@ -221,6 +281,11 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
           report.markdown_table(records)]
   if args.compare_deterministic:
     text += ["## Bayesian minus deterministic", "", _differences(records)]
+  if any(r.get("roofline") for r in records):
+    text += ["## Predicted step time (roofline)", "",
+             "`meshbayes.scaling.roofline` on the generation's published peak rates "
+             "(docs/performance.md); step, tokens/s, TFLOP/s and MFU: collectives hidden "
+             "behind computation / not hidden.", "", report.roofline_table(records)]
   if summaries:
     text += ["## Largest fitting model per depth", ""]
     for label, layers, best in summaries:

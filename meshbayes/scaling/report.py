@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from meshbayes.scaling import roofline
 from meshbayes.scaling.hlo import COLLECTIVES
 
 GIB = float(1 << 30)
@@ -99,6 +100,56 @@ def markdown_table(records: Sequence[dict[str, Any]]) -> str:
     lines.append("")
   for r in notes:
     lines.append(f"- {r['target']} ({_model(r)}): {r.get('message') or r.get('error')}")
+  return "\n".join(lines) + "\n"
+
+
+def _ms(seconds: float | None) -> str:
+  if seconds is None:
+    return "-"
+  ms = seconds * 1e3
+  return f"{ms:.0f}" if ms >= 10 or ms == 0 else f"{ms:.2g}"
+
+
+def roofline_table(records: Sequence[dict[str, Any]]) -> str:
+  """Predicted step time per compiled record (``meshbayes.scaling.roofline``) on its generation.
+
+  Times are milliseconds per step; each step, throughput and MFU column gives
+  collectives hidden behind computation / not hidden (``overlap`` max / sum).
+  Records that did not compile are left out.
+  """
+  header = ("| target | cores | model | batch x len | remat, dtype | compute ms | HBM ms "
+            "| comm ms (by mesh axis) | step ms | tokens/s | TFLOP/s (slice) | MFU |")
+  lines = [header, "|" + "|".join(["---"] * (header.count("|") - 1)) + "|"]
+  fallback = False
+  for r in records:
+    if not r.get("flops_per_device") or r.get("generation") not in roofline.HARDWARE:
+      continue
+    hidden, exposed = (roofline.predict(r, overlap=o) for o in ("max", "sum"))
+    axes = ", ".join(f"{axis} {_ms(seconds)}" for axis, seconds in
+                     sorted(hidden.communication_by_axis.items(), key=lambda kv: -kv[1])
+                     if seconds >= 0.01 * hidden.communication_seconds)  # the main ones
+    comm = f"{_ms(hidden.communication_seconds)}" + (f" ({axes})" if axes else "")
+    if hidden.communication_model != "replica groups":
+      comm, fallback = comm + " *", True
+    lines.append(
+        f"| {r['target']} | {r['cores']} | {_model(r)} "
+        f"| {r['batch_size']} x {r['input_length']}/{r['target_length']} "
+        f"| {r['remat_policy']}, {r.get('dtype', '-')} | {_ms(hidden.compute_seconds)} "
+        f"| {_ms(hidden.memory_seconds)} | {comm} "
+        f"| {_ms(hidden.step_seconds)} / {_ms(exposed.step_seconds)} "
+        f"| {hidden.tokens_per_second:,.0f} / {exposed.tokens_per_second:,.0f} "
+        f"| {hidden.tflops_per_second:,.0f} / {exposed.tflops_per_second:,.0f} "
+        f"| {hidden.mfu:.0%} / {exposed.mfu:.0%} |")
+  notes = []
+  if fallback:
+    notes.append("\\* " + roofline.FALLBACK_ASSUMPTION + " (the record has no replica groups; "
+                 "recompile to get them).")
+  if any(r.get("flops_per_device") and r.get("remat_policy") not in (None, "none")
+         for r in records):
+    notes.append("With rematerialization the records' model FLOPs count the recomputed "
+                 "forward pass again: their MFU is the hardware FLOP utilization.")
+  if notes:
+    lines += [""] + notes
   return "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,673 @@
+"""Predicted step time of a compiled train step on a TPU slice: a roofline model.
+
+A scaling-study record (``meshbayes.scaling.aot.compile_step``) holds what the
+compiled program does per device and step: its matmul FLOPs, the bytes of
+every collective and, when ``program_profile`` has read its HLO, which devices
+each collective runs between and the bytes its operations move through HBM.
+``predict`` turns that into seconds on one TPU generation's published peak
+rates (``HARDWARE``):
+
+- **compute** ``t_c``: matmul FLOPs at the chip's peak bf16 FLOP/s (per
+  device: the chip's peak over its devices, two cores on v2 and v3).
+- **memory** ``t_m``: HBM time the FLOP count misses: the bytes of the
+  operations without a matmul (elementwise work, noise sampling, reductions,
+  the optimizer update, copies) at the HBM bandwidth, plus whatever the
+  matmul operations' own bytes need beyond ``t_c``. Operations run one after
+  another on a core, so ``t_c + t_m`` is the per-operation roofline summed
+  over two classes of operations.
+- **communication** ``t_n``: each collective on a ring over the torus links
+  its replica group spans (see ``collective_seconds``), summed.
+- **step**: ``max(t_c + t_m, t_n)`` with ``overlap="max"`` (collectives hidden
+  behind computation, as XLA's asynchronous collectives can be) or
+  ``t_c + t_m + t_n`` with ``overlap="sum"`` (none hidden).
+
+Throughput follows: tokens per step (encoder and decoder tokens of the global
+batch) over the step time, the slice's model FLOP/s, and the model FLOP
+utilization ``MFU = model FLOPs per device / (step time x peak per device)``.
+``program_profile`` reads the HLO with ``meshbayes.scaling.hlo``'s parser and
+loop trip counts, so its bytes per collective kind add up to ``hlo.analyze``'s.
+docs/performance.md states the model, its assumptions and the sources of
+``HARDWARE``.
+
+>>> record = {"generation": "v2", "cores": 8, "flops_per_device": 22.5e12,
+...           "model_flops_per_device": 22.5e12, "batch_size": 8, "input_length": 256,
+...           "target_length": 256, "collectives": {}}
+>>> p = predict(record, overlap="max")
+>>> round(p.compute_seconds, 6), round(p.step_seconds, 6), round(p.mfu, 3)
+(1.0, 1.0, 1.0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from meshbayes.scaling import hlo
+
+OVERLAPS = ("max", "sum")
+KINDS = hlo.COLLECTIVES
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+  """Published peak rates of one TPU generation.
+
+  Attributes:
+    generation: ``v2``, ``v3``, ``v4``, ``v5e`` or ``v5p`` (the target names' prefix).
+    peak_flops_per_chip: peak dense bf16 matmul FLOP/s of one chip.
+    hbm_bytes_per_second_per_chip: HBM bandwidth of one chip.
+    ici_link_bytes_per_second: bandwidth of one inter-chip link in one direction.
+    ici_links_per_chip: links per chip (4 on a 2-D torus, 6 on a 3-D one).
+    devices_per_chip: JAX devices per chip (2 cores on v2 and v3; 1 megacore
+      device on v4 and v5p; 1 core on v5e), which share the chip's links.
+    wraparound_multiple: a torus dimension of the slice closes into a ring
+      (wraparound links) when its length in chips is a multiple of this.
+    source: where the numbers come from.
+  """
+
+  generation: str
+  peak_flops_per_chip: float
+  hbm_bytes_per_second_per_chip: float
+  ici_link_bytes_per_second: float
+  ici_links_per_chip: int
+  devices_per_chip: int
+  wraparound_multiple: int
+  source: str
+
+  def __post_init__(self):
+    if not isinstance(self.generation, str) or not self.generation:
+      raise ValueError(f"Hardware: generation={self.generation!r} must be a non-empty name")
+    for name in ("peak_flops_per_chip", "hbm_bytes_per_second_per_chip",
+                 "ici_link_bytes_per_second"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
+          or math.isinf(value):
+        raise ValueError(f"Hardware {self.generation}: {name}={value!r} must be a positive "
+                         "finite number")
+    for name in ("ici_links_per_chip", "devices_per_chip", "wraparound_multiple"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"Hardware {self.generation}: {name}={value!r} must be a positive int")
+    if not isinstance(self.source, str) or not self.source.strip():
+      raise ValueError(f"Hardware {self.generation}: source={self.source!r} must cite where "
+                       "the numbers come from")
+
+  @property
+  def peak_flops_per_device(self) -> float:
+    return self.peak_flops_per_chip / self.devices_per_chip
+
+  @property
+  def hbm_bytes_per_second_per_device(self) -> float:
+    return self.hbm_bytes_per_second_per_chip / self.devices_per_chip
+
+  def wraps(self, chips: int) -> bool:
+    """Whether a torus dimension of ``chips`` chips has wraparound links (closes a ring)."""
+    return chips > 2 and chips % self.wraparound_multiple == 0
+
+
+_JOUPPI_2020 = ("Jouppi et al., 'A Domain-Specific Supercomputer for Training Deep Neural "
+                "Networks', CACM 63(7), 2020, doi:10.1145/3360307, Table 3 (Google's Cloud "
+                "TPU system-architecture page refers to it for v2 and v3)")
+# Google Cloud's 'all-reduce bandwidth per Pod' is chips x links x one-way link bandwidth
+# (v3: 1024 x 4 x 83 GB/s = 340 TB/s; v4: 4096 x 6 x 45 GB/s = 1.1 PB/s; v5e: 256 x 4 x
+# 50 GB/s = 51.2 TB/s), which gives the per-link figures where no per-chip one is published.
+HARDWARE: dict[str, Hardware] = {
+    "v2": Hardware(
+        "v2", peak_flops_per_chip=45e12, hbm_bytes_per_second_per_chip=700e9,
+        ici_link_bytes_per_second=496e9 / 8, ici_links_per_chip=4, devices_per_chip=2,
+        wraparound_multiple=16,
+        source="peak: Google, 180 TFLOP/s per 4-chip Cloud TPU v2 board and 11.5 PFLOP/s per "
+               "256-chip pod (Google I/O 2017), i.e. 45 per chip (1 MXU of 128x128 MACs per "
+               "core at 700 MHz: 45.9); HBM 700 GB/s per chip and ICI 4 links x 496 Gbit/s "
+               "per direction: " + _JOUPPI_2020 + "; 16x16-chip pod, a 2-D torus"),
+    "v3": Hardware(
+        "v3", peak_flops_per_chip=123e12, hbm_bytes_per_second_per_chip=900e9,
+        ici_link_bytes_per_second=340e12 / (1024 * 4), ici_links_per_chip=4,
+        devices_per_chip=2, wraparound_multiple=32,
+        source="https://cloud.google.com/tpu/docs/v3 (123 TFLOP/s bf16, HBM 900 GB/s per "
+               "chip; 1024-chip 2-D torus pod, all-reduce bandwidth 340 TB/s per pod = 83 GB/s "
+               "per link and direction; " + "Jouppi et al. 2020 give 4 x 656 Gbit/s)"),
+    "v4": Hardware(
+        "v4", peak_flops_per_chip=275e12, hbm_bytes_per_second_per_chip=1200e9,
+        ici_link_bytes_per_second=1.1e15 / (4096 * 6), ici_links_per_chip=6,
+        devices_per_chip=1, wraparound_multiple=4,
+        source="https://cloud.google.com/tpu/docs/v4 (275 TFLOP/s bf16, HBM 1200 GB/s per "
+               "chip; 4096-chip 3-D torus pod, all-reduce bandwidth 1.1 PB/s per pod = 45 GB/s "
+               "per link and direction); wraparound on multiples of a 4x4x4 cube: "
+               "https://jax-ml.github.io/scaling-book/tpus"),
+    "v5e": Hardware(
+        "v5e", peak_flops_per_chip=197e12, hbm_bytes_per_second_per_chip=819e9,
+        ici_link_bytes_per_second=400e9 / 4 / 2, ici_links_per_chip=4, devices_per_chip=1,
+        wraparound_multiple=16,
+        source="https://cloud.google.com/tpu/docs/v5e (197 TFLOP/s bf16, HBM 819 GB/s, "
+               "bidirectional ICI 400 GB/s per chip over 4 ports = 50 GB/s per link and "
+               "direction; 16x16-chip 2-D torus pod)"),
+    "v5p": Hardware(
+        "v5p", peak_flops_per_chip=459e12, hbm_bytes_per_second_per_chip=2765e9,
+        ici_link_bytes_per_second=1200e9 / 6 / 2, ici_links_per_chip=6, devices_per_chip=1,
+        wraparound_multiple=4,
+        source="https://cloud.google.com/tpu/docs/v5p (459 TFLOP/s bf16, HBM 2765 GB/s, "
+               "bidirectional ICI 1200 GB/s per chip over 6 links = 100 GB/s per link and "
+               "direction; 3-D torus); wraparound on multiples of a 4x4x4 cube: "
+               "https://jax-ml.github.io/scaling-book/tpus"),
+}
+
+
+def hardware(generation: str) -> Hardware:
+  """The ``HARDWARE`` entry of a generation, with one clear error for an unknown name."""
+  if generation not in HARDWARE:
+    raise ValueError(f"roofline: generation={generation!r} is not one of "
+                     f"{', '.join(HARDWARE)}")
+  return HARDWARE[generation]
+
+
+# ----------------------------------------------------------------------------------------
+# Collectives on a torus.
+
+@dataclasses.dataclass(frozen=True)
+class TorusSpan:
+  """How a replica group lies along one torus dimension of the slice.
+
+  Attributes:
+    chips: distinct positions of the group's chips along the dimension.
+    stride: distance in links between neighbouring members (groups interleave).
+    slice_chips: the slice's length along the dimension (decides wraparound).
+  """
+
+  chips: int
+  stride: int
+  slice_chips: int
+
+  def __post_init__(self):
+    for name in ("chips", "stride", "slice_chips"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"TorusSpan: {name}={value!r} must be a positive int")
+
+
+def ring_factor(kind: str, group_size: int) -> float:
+  """Bytes each device sends, in units of the collective's per-device result bytes.
+
+  Bandwidth-optimal ring algorithms over ``n`` devices: an all-reduce
+  (reduce-scatter then all-gather) moves ``2(n-1)/n`` of its buffer, an
+  all-gather ``(n-1)/n`` of the gathered result, a reduce-scatter ``n-1``
+  times its (shard-sized) result; an all-to-all on a bidirectional ring loads
+  each link with ``n/4`` of the per-device buffer; a collective-permute sends
+  its buffer once.
+
+  >>> ring_factor("all-reduce", 4), ring_factor("all-gather", 4), ring_factor("all-reduce", 1)
+  (1.5, 0.75, 0.0)
+  """
+  if kind not in KINDS:
+    raise ValueError(f"roofline: collective kind={kind!r} is not one of {', '.join(KINDS)}")
+  if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+    raise ValueError(f"roofline: group_size={group_size!r} must be a positive int")
+  n = group_size
+  if n == 1:
+    return 0.0
+  return {"all-reduce": 2 * (n - 1) / n, "all-gather": (n - 1) / n, "reduce-scatter": n - 1.0,
+          "all-to-all": n / 4, "collective-permute": 1.0}[kind]
+
+
+def ring_bandwidth(hw: Hardware, spans: Sequence[TorusSpan]) -> float:
+  """Bytes per second one device can send on the rings of the torus dimensions ``spans`` covers.
+
+  Along each dimension the group uses both directions of a ring when it covers
+  a dimension that wraps around (2 links out per chip), else a line folded
+  into a ring (1). Groups that interleave with stride ``s`` share each link
+  ``s`` ways; a collective over several dimensions uses all of them (their
+  bandwidths add); the chip's devices share its links. No span (the group
+  lives on one chip) is infinitely fast: on-chip transfers are left out.
+
+  >>> hw = HARDWARE["v2"]
+  >>> ring_bandwidth(hw, [TorusSpan(16, 1, 16)]) == hw.ici_link_bytes_per_second
+  True
+  """
+  total = 0.0
+  for span in spans:
+    closed = hw.wraps(span.slice_chips) and span.chips * span.stride == span.slice_chips
+    total += (2 if closed else 1) * hw.ici_link_bytes_per_second / span.stride
+  return total / hw.devices_per_chip if total else math.inf
+
+
+def collective_seconds(kind: str, bytes_per_device: float, group_size: int,
+                       bandwidth: float) -> float:
+  """Seconds of one collective (or a sum of like ones): ``ring_factor x bytes / bandwidth``.
+
+  Bandwidth-bound: per-hop latency (about a microsecond) is left out.
+
+  >>> collective_seconds("all-reduce", 1e9, 8, 1e11)  # 2 * 7/8 * 1e9 / 1e11
+  0.0175
+  """
+  if not bytes_per_device >= 0:
+    raise ValueError(f"roofline: bytes_per_device={bytes_per_device!r} must be >= 0")
+  if not bandwidth > 0:
+    raise ValueError(f"roofline: bandwidth={bandwidth!r} must be > 0 bytes/s")
+  factor = ring_factor(kind, group_size)
+  return 0.0 if factor == 0 or bytes_per_device == 0 else factor * bytes_per_device / bandwidth
+
+
+# ----------------------------------------------------------------------------------------
+# The prediction.
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+  """A record's predicted step on one TPU generation (all times per step, in seconds).
+
+  Attributes:
+    generation: the hardware.
+    overlap: ``max`` (communication hidden behind computation) or ``sum``.
+    compute_seconds: matmul FLOPs at peak.
+    memory_seconds: HBM time beyond ``compute_seconds`` (None: the record has
+      no HBM profile, and the memory term is left out).
+    communication_seconds: the collectives.
+    communication_by_axis: the same split by the mesh axes the groups span
+      (``data``, ``model``, ``data+model``; ``unknown`` where not known).
+    step_seconds: the combination that ``overlap`` names.
+    tokens_per_second: encoder and decoder tokens of the global batch per second.
+    tflops_per_second: model FLOP/s of the whole slice, in units of 1e12.
+    mfu: model FLOPs per device over (step time x peak per device).
+    communication_model: ``replica groups`` or the fallback assumption used.
+  """
+
+  generation: str
+  overlap: str
+  compute_seconds: float
+  memory_seconds: float | None
+  communication_seconds: float
+  communication_by_axis: dict[str, float]
+  step_seconds: float
+  tokens_per_second: float
+  tflops_per_second: float
+  mfu: float
+  communication_model: str
+
+  def as_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+
+FALLBACK_ASSUMPTION = ("fallback: every collective on the data axis, over one torus dimension "
+                       "with wraparound")
+
+
+def _communication(record: Mapping[str, Any], hw: Hardware) -> tuple[dict[str, float], str]:
+  """Seconds of the record's collectives by mesh axis, and which model gave them.
+
+  With replica groups (``program_profile``), each group's own size and torus
+  spans; a group without spans (a CPU mesh has no chip coordinates) gets one
+  wrapped torus dimension. Without replica groups, ``FALLBACK_ASSUMPTION``.
+  """
+  by_axis: dict[str, float] = defaultdict(float)
+  groups = record.get("collective_groups")
+  if groups is not None:
+    for g in groups:
+      spans = [TorusSpan(*span) for span in g["torus_spans"]] if g.get("torus_spans") \
+          is not None else None
+      bandwidth = ring_bandwidth(hw, spans) if spans is not None else \
+          2 * hw.ici_link_bytes_per_second / hw.devices_per_chip
+      seconds = 0.0 if math.isinf(bandwidth) else collective_seconds(
+          g["kind"], g["executed_bytes"], g["group_size"], bandwidth)
+      by_axis["+".join(g["mesh_axes"]) if g.get("mesh_axes") else "unknown"] += seconds
+    return dict(by_axis), "replica groups"
+  # Records compiled before replica groups were kept: the simplification.
+  n = int((record.get("mesh") or {}).get("data") or record.get("cores") or 1)
+  bandwidth = 2 * hw.ici_link_bytes_per_second / hw.devices_per_chip
+  for kind, entry in (record.get("collectives") or {}).items():
+    if kind in KINDS:
+      by_axis["unknown"] += collective_seconds(kind, entry["executed_bytes"], n, bandwidth)
+  return dict(by_axis), FALLBACK_ASSUMPTION
+
+
+def predict(record: Mapping[str, Any], hardware_spec: Hardware | None = None,
+            overlap: str = "max") -> Prediction:
+  """The roofline prediction of a compiled record's step.
+
+  Args:
+    record: a scaling-study record that compiled (``flops_per_device`` set).
+    hardware_spec: the chip; default ``HARDWARE[record["generation"]]``.
+    overlap: ``max`` or ``sum`` (see the module docstring).
+
+  Raises:
+    ValueError: an unknown overlap or generation, or a record that did not compile.
+  """
+  if overlap not in OVERLAPS:
+    raise ValueError(f"roofline: overlap={overlap!r} must be one of {', '.join(OVERLAPS)}")
+  flops = record.get("flops_per_device")
+  if not flops:
+    raise ValueError(f"roofline: record for target {record.get('target')!r} has no "
+                     "flops_per_device (it did not compile); nothing to predict")
+  hw = hardware_spec if hardware_spec is not None else hardware(record.get("generation"))
+  compute = flops / hw.peak_flops_per_device
+  memory = None
+  profile = record.get("hbm_bytes_per_device")
+  if profile:
+    bandwidth = hw.hbm_bytes_per_second_per_device
+    memory = (max(0.0, profile["matmul_ops"] / bandwidth - compute)
+              + profile["other_ops"] / bandwidth)
+  by_axis, model = _communication(record, hw)
+  communication = sum(by_axis.values())
+  local = compute + (memory or 0.0)
+  step = max(local, communication) if overlap == "max" else local + communication
+  model_flops = record.get("model_flops_per_device") or flops
+  tokens = record["batch_size"] * (record["input_length"] + record["target_length"])
+  return Prediction(
+      generation=hw.generation, overlap=overlap, compute_seconds=compute, memory_seconds=memory,
+      communication_seconds=communication, communication_by_axis=by_axis, step_seconds=step,
+      tokens_per_second=tokens / step,
+      tflops_per_second=model_flops * record["cores"] / step / 1e12,
+      mfu=model_flops / (step * hw.peak_flops_per_device), communication_model=model)
+
+
+def predictions(record: Mapping[str, Any]) -> dict[str, dict[str, Any]] | None:
+  """Both overlaps for the record's own generation, as JSON; None when there is none to make."""
+  if not record.get("flops_per_device") or record.get("generation") not in HARDWARE:
+    return None
+  return {overlap: predict(record, overlap=overlap).as_dict() for overlap in OVERLAPS}
+
+
+# ----------------------------------------------------------------------------------------
+# What the compiled program says: replica groups and HBM bytes, read from its HLO.
+
+_IOTA = re.compile(r"^\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
+_MESH = re.compile(r"^mesh\[([^\]]*)\](?:,\s*device_ids=\(\[([\d,]+)\](?:T\(([\d,]+)\))?\))?"
+                   r"\s*\{([^}]*)\}")
+_MESH_AXIS = re.compile(r"'([^']+)'=(\d+)")
+_PAIRS = re.compile(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}")
+
+
+def _ints(text: str) -> list[int]:
+  return [int(v) for v in text.split(",") if v.strip()]
+
+
+def _iota(dims: list[int], perm: str | None) -> np.ndarray:
+  ids = np.arange(math.prod(dims)).reshape(dims)
+  return ids.transpose(_ints(perm)) if perm else ids
+
+
+def parse_replica_groups(attributes: str, num_devices: int) -> list[list[int]] | None:
+  """The device groups of a collective from its HLO attributes; None if unreadable.
+
+  Reads the explicit (``{{0,1},{2,3}}``), iota (``[2,4]<=[4,2]T(1,0)``) and
+  mesh (``mesh['a'=4,'b'=2] {'a'}``) forms, and a collective-permute's
+  ``source_target_pairs`` (each pair that moves data a group; a device
+  sending to itself is a group of one).
+
+  >>> parse_replica_groups("replica_groups=[2,4]<=[4,2]T(1,0), to_apply=%add", 8)
+  [[0, 2, 4, 6], [1, 3, 5, 7]]
+  >>> parse_replica_groups("replica_groups=mesh['x'=4,'y'=2] {'y'}, to_apply=%add", 8)[:2]
+  [[0, 1], [2, 3]]
+  """
+  pairs = _PAIRS.search(attributes)
+  if pairs:
+    found = [_ints(p) for p in re.findall(r"\{(\d+,\d+)\}", pairs.group(1))]
+    moving = [p for p in found if p[0] != p[1]]
+    return (moving or [found[0][:1]]) if found else None
+  start = attributes.find("replica_groups=")
+  if start < 0:
+    return None
+  text = attributes[start + len("replica_groups="):]
+  if text.startswith("{}"):
+    return [list(range(num_devices))]
+  if text.startswith("{{"):
+    end = text.find("}}")
+    return [_ints(g) for g in text[2:end].split("},{")] if end > 0 else None
+  iota = _IOTA.match(text)
+  if iota:
+    groups, size, dims, perm = iota.groups()
+    return _iota(_ints(dims), perm).reshape(int(groups), int(size)).tolist()
+  mesh = _MESH.match(text)
+  if mesh:
+    axes_text, id_dims, id_perm, reduced = mesh.groups()
+    axes = [(name, int(size)) for name, size in _MESH_AXIS.findall(axes_text)]
+    names = [name for name, _ in axes]
+    shape = [size for _, size in axes]
+    chosen = [names.index(a) for a in re.findall(r"'([^']+)'", reduced)
+              if a in names]
+    if not axes or not chosen or math.prod(shape) != num_devices:
+      return None
+    ids = (_iota(_ints(id_dims), id_perm) if id_dims else np.arange(num_devices))
+    ids = ids.reshape(shape)
+    rest = [i for i in range(len(shape)) if i not in chosen]
+    size = math.prod(shape[i] for i in chosen)
+    return ids.transpose(rest + chosen).reshape(-1, size).tolist()
+  return None
+
+
+def group_axes(group: Sequence[int], mesh_shape: Mapping[str, int]) -> list[str]:
+  """The mesh axes along which a group's devices (flat mesh positions) differ.
+
+  >>> group_axes([0, 8, 16], {"data": 4, "model": 8}), group_axes([0, 1], {"data": 4, "model": 8})
+  (['data'], ['model'])
+  """
+  names = list(mesh_shape)
+  coords = np.array(np.unravel_index(np.asarray(group), tuple(mesh_shape.values()))).T
+  return [names[i] for i in range(len(names)) if len(set(coords[:, i])) > 1]
+
+
+def torus_spans(group: Sequence[int], chip_coords: Sequence[Sequence[int]]
+                ) -> list[TorusSpan]:
+  """The torus dimensions a group's chips span (``chip_coords``: per flat mesh position).
+
+  >>> coords = [(x, y, 0) for y in range(4) for x in range(4)]
+  >>> torus_spans([0, 2], coords)
+  [TorusSpan(chips=2, stride=2, slice_chips=4)]
+  """
+  everything = np.asarray(chip_coords)
+  mine = everything[np.asarray(group)]
+  spans = []
+  for dim in range(everything.shape[1]):
+    positions = sorted(set(mine[:, dim].tolist()))
+    if len(positions) < 2:
+      continue
+    stride = min(b - a for a, b in zip(positions, positions[1:]))
+    extent = int(everything[:, dim].max() - everything[:, dim].min() + 1)
+    spans.append(TorusSpan(len(positions), int(stride), extent))
+  return spans
+
+
+def _executions(computations: dict[str, list[hlo.Instruction]], entry: str
+                ) -> tuple[dict[str, float], set[str]]:
+  """How often each computation runs per step (loops unrolled), and the fused ones."""
+  runs: dict[str, float] = defaultdict(float)
+  fused: set[str] = set()
+
+  def visit(name: str, times: float, stack: tuple[str, ...], in_fusion: bool) -> None:
+    runs[name] += times
+    if in_fusion:
+      fused.add(name)
+    by_name = {i.name: i for i in computations[name]}
+    for instruction in computations[name]:
+      called = list(hlo._called(instruction))
+      trips = 1
+      if instruction.opcode == "while":
+        condition = next((c for role, c in called if role == "condition"), None)
+        trips = hlo._trip_count(instruction, computations.get(condition, []), by_name) or 1
+      for role, child in called:
+        if child in stack or child not in computations:
+          continue
+        visit(child, times * (trips if role in ("body", "condition") else 1), stack + (child,),
+              in_fusion or instruction.opcode == "fusion")
+
+  visit(entry, 1.0, (entry,), False)
+  return runs, fused
+
+
+_FREE = frozenset((
+    "parameter", "constant", "tuple", "get-tuple-element", "bitcast", "while", "conditional",
+    "call", "after-all", "opt-barrier", "partition-id", "replica-id", "add-dependency"))
+_SLICING = frozenset(("dynamic-slice", "slice", "gather"))
+
+
+def _bytes(shapes: Iterable[hlo.Shape]) -> float:
+  return float(sum(s.bytes for s in shapes))
+
+
+class _Fusions:
+  """Per fused computation: whether it holds a matmul, and the bytes its operands are read."""
+
+  def __init__(self, computations: dict[str, list[hlo.Instruction]]):
+    self.computations = computations
+    self._matmul: dict[str, bool] = {}
+
+  def has_matmul(self, name: str) -> bool:
+    if name not in self._matmul:
+      self._matmul[name] = False  # guards recursion
+      self._matmul[name] = any(
+          i.opcode in ("dot", "convolution")
+          or any(self.has_matmul(c) for _, c in hlo._called(i) if c in self.computations)
+          for i in self.computations.get(name, []))
+    return self._matmul[name]
+
+  def traffic(self, instruction: hlo.Instruction, operand_shapes: list[tuple[hlo.Shape, ...]]
+              ) -> float:
+    """HBM bytes of a fusion: operands read (only the slices a slicing user reads) and
+    results written (only the update of an in-place dynamic-update-slice root)."""
+    name = next((c for role, c in hlo._called(instruction) if role == "calls"), None)
+    body = self.computations.get(name, [])
+    params = {}
+    for i in body:
+      if i.opcode == "parameter" and i.operands:
+        try:
+          params[int(i.operands[0])] = i.name
+        except ValueError:
+          pass
+    users: dict[str, list[hlo.Instruction]] = defaultdict(list)
+    for i in body:
+      for operand in i.operands:
+        users[operand].append(i)
+    in_place = set()
+    root = next((i for i in body if i.is_root), None)
+    roots = [root] if root is not None else []
+    if root is not None and root.opcode == "tuple":
+      by_name = {i.name: i for i in body}
+      roots = [by_name[o] for o in root.operands if o in by_name]
+    written = 0.0
+    shapes = {i.name: hlo._flat(i) for i in body}
+    for r in roots:
+      if r.opcode == "dynamic-update-slice" and r.operands and r.operands[0] in params.values():
+        in_place.add(r.operands[0])
+        written += _bytes(shapes.get(r.operands[1], ()))
+      else:
+        written += _bytes(hlo._flat(r))
+    read = 0.0
+    for index, shape in enumerate(operand_shapes):
+      param = params.get(index)
+      if param in in_place:
+        continue
+      readers = users.get(param, [])
+      if param is not None and readers and all(
+          u.opcode in _SLICING and u.operands[0] == param for u in readers):
+        read += sum(_bytes(hlo._flat(u)) for u in readers)
+      else:
+        read += _bytes(shape)
+    return read + written
+
+
+def _reduce_scatters(body: list[hlo.Instruction]) -> dict[str, float]:
+  """All-reduces in a fused computation that only feed dynamic-slices of their result: the
+  TPU compiler's reduce-scatter (an "all-reduce-scatter" fusion). Their shard bytes by name."""
+  users: dict[str, list[hlo.Instruction]] = defaultdict(list)
+  for i in body:
+    for operand in i.operands:
+      users[operand].append(i)
+  found = {}
+  for i in body:
+    if i.opcode.removesuffix("-start") == "all-reduce":
+      readers = users.get(i.name, [])
+      if readers and all(u.opcode == "dynamic-slice" and u.operands[0] == i.name
+                         for u in readers):
+        found[i.name] = _bytes(hlo._flat(readers[0]))
+  return found
+
+
+def program_profile(hlo_text: str, mesh_shape: Mapping[str, int],
+                    chip_coords: Sequence[Sequence[int]] | None = None) -> dict[str, Any]:
+  """Replica groups of every collective and the HBM bytes of a compiled program, per step.
+
+  Args:
+    hlo_text: ``compiled.as_text()`` of an SPMD program.
+    mesh_shape: the mesh's axes and sizes, in order (``{"data": 64, "model": 8}``).
+    chip_coords: the chip coordinates of the device at each flat mesh position
+      (``device.coords``); None where the devices have none (CPU meshes).
+
+  Returns:
+    ``collective_groups``: one entry per kind and placement with ``group_size``,
+    ``mesh_axes``, ``torus_spans`` (``[chips, stride, slice_chips]`` per torus
+    dimension; None without coordinates), ``count``, ``executed`` and
+    ``executed_bytes`` (result bytes per device and step, as ``hlo.analyze``
+    counts them, except that an all-reduce whose result is only sliced, the TPU
+    compiler's reduce-scatter, is a ``reduce-scatter`` of its shard, with
+    ``hlo_opcode`` all-reduce); ``hbm_bytes_per_device``: ``matmul_ops`` and ``other_ops``,
+    the bytes the program's top-level operations (fusions, copies, collectives)
+    read and write, loops unrolled, split by whether an operation holds a matmul.
+  """
+  computations, entry = hlo.parse_computations(hlo_text)
+  num_devices = math.prod(mesh_shape.values())
+  census: dict[tuple, list[float]] = {}
+  traffic = {"matmul_ops": 0.0, "other_ops": 0.0}
+  if entry is None:
+    return {"collective_groups": [], "hbm_bytes_per_device": traffic}
+  runs, fused = _executions(computations, entry)
+  fusions = _Fusions(computations)
+  for name, times in runs.items():
+    if times == 0:
+      continue
+    shapes = {i.name: hlo._flat(i) for i in computations[name]}
+    scatters = _reduce_scatters(computations[name]) if name in fused else {}
+    for instruction in computations[name]:
+      opcode = instruction.opcode
+      kind = opcode.removesuffix("-start")
+      if kind in KINDS and not opcode.endswith("-done"):
+        groups = parse_replica_groups(instruction.attributes, num_devices)
+        group = groups[0] if groups else None
+        size = hlo._collective_bytes(kind, instruction)
+        if instruction.name in scatters:  # an all-reduce whose result is sliced: a reduce-scatter
+          kind, size = "reduce-scatter", scatters[instruction.name]
+        key = (kind, opcode.removesuffix("-start"), len(group) if group else None,
+               tuple(group_axes(group, mesh_shape)) if group else None,
+               tuple(tuple(dataclasses.astuple(s)) for s in torus_spans(group, chip_coords))
+               if group and chip_coords is not None else None)
+        entry_census = census.setdefault(key, [0, 0.0, 0.0])
+        entry_census[0] += 1
+        entry_census[1] += times
+        entry_census[2] += times * size
+      if name in fused or opcode in _FREE or opcode.endswith("-done"):
+        continue
+      operands = [shapes.get(o, ()) for o in instruction.operands]
+      if opcode == "fusion":
+        moved = fusions.traffic(instruction, operands)
+        called = [c for role, c in hlo._called(instruction) if role == "calls"]
+        matmul = any(fusions.has_matmul(c) for c in called)
+      elif opcode in _SLICING:
+        moved, matmul = 2 * _bytes(hlo._flat(instruction)), False
+      elif opcode == "dynamic-update-slice":
+        moved, matmul = 2 * _bytes(operands[1]) if len(operands) > 1 else 0.0, False
+      else:
+        result = hlo._collective_bytes(kind, instruction) if kind in KINDS else \
+            _bytes(hlo._flat(instruction))
+        moved = result + sum(_bytes(s) for s in operands)
+        matmul = opcode in ("dot", "convolution")
+      traffic["matmul_ops" if matmul else "other_ops"] += times * moved
+  groups_out = []
+  for (kind, opcode, size, axes, spans), (count, executed, executed_bytes) in sorted(
+      census.items(), key=lambda item: (item[0][0], -item[1][2])):
+    groups_out.append({
+        "kind": kind, "hlo_opcode": opcode, "group_size": size if size is not None else num_devices,
+        "mesh_axes": list(axes) if axes is not None else None,
+        "torus_spans": [list(s) for s in spans] if spans is not None else None,
+        "count": int(count), "executed": executed, "executed_bytes": executed_bytes})
+  return {"collective_groups": groups_out, "hbm_bytes_per_device": traffic}
+
+
+def mesh_chip_coords(mesh: Any) -> list[tuple[int, ...]] | None:
+  """``device.coords`` of a ``jax.sharding.Mesh``'s devices in flat order; None without them."""
+  coords = [getattr(d, "coords", None) for d in mesh.devices.flat]
+  if any(c is None for c in coords):
+    return None
+  return [tuple(int(v) for v in c) for c in coords]
