@@ -23,51 +23,27 @@ data: $(STAMP)
 	$(PY) -m meshbayes.tools.train_vocab --task=tatoeba_enfr --vocab_size=8000
 
 # The main job, the paper's comparison in miniature on a fresh machine: the offline
-# corpus and its vocabulary (make data), a tiny deterministic and a tiny Bayesian
-# Transformer trained on tatoeba_enfr with the same budget, both evaluated on test
-# pairs (BLEU, calibration, OOD), and the table side by side (a clean run each time):
-# about 15 minutes from a fresh clone on 2 cores, install included.
+# corpus and its vocabulary (make data), then every uncertainty method of
+# tools/experiment.py on the same 20,000-pair Tatoeba subset and architecture
+# (gin_configs/uncertainty/): the deterministic Transformer (as it is and
+# temperature-scaled), MC dropout and Bayesian layers trained and evaluated on test
+# pairs (BLEU, calibration, OOD), and the table side by side (a clean run each time).
+# `make demo DEMO_METHODS=deterministic,mc_dropout,ensemble,bayesian,ivon` adds the others.
 DEMO_DIR := runs/demo
-DEMO_STEPS ?= 1000
-DEMO_EVAL_BATCHES ?= 4
-DEMO_OOD_EXAMPLES ?= 128
-# `make experiment`: the same comparison at a budget with more meaningful numbers (about
-# an hour on 2 cores): 4000 steps each, 1,024 test pairs, 512 inputs per OOD set.
+DEMO_METHODS ?= deterministic,mc_dropout,bayesian
+# `make experiment`: every method, each at the end of the budget and at its best validation
+# checkpoint, with the training curves and posterior diagnostics (docs/uncertainty.md):
+# about two hours on 2 cores. `python -m meshbayes.tools.experiment --preset=cpu
+# --out=runs/experiment` resumes an interrupted one.
 EXPERIMENT_DIR := runs/experiment
-EXPERIMENT_STEPS ?= 4000
-EXPERIMENT_EVAL_BATCHES ?= 16
-EXPERIMENT_OOD_EXAMPLES ?= 512
-# The models compared (gin_configs/examples/tatoeba_enfr_tiny_$(model).gin each): `make demo
-# COMPARE_MODELS="deterministic bayesian ivon"` adds IVON.
-COMPARE_MODELS ?= deterministic bayesian
-comma := ,
-empty :=
-space := $(empty) $(empty)
-# $(call compare,DIR,STEPS,EVAL_BATCHES,OOD_EXAMPLES): train, evaluate and tabulate the models.
-define compare
-	rm -rf $(1)
-	for model in $(COMPARE_MODELS); do \
-	  $(PY) -m meshbayes.train --gin_file=gin_configs/examples/tatoeba_enfr_tiny_$$model.gin \
-	    --gin.MODEL_DIR="'$(1)/$$model'" --gin.TRAIN_STEPS=$(2) --gin.train.log_period=100 \
-	    || exit 1; \
-	done
-	for model in $(COMPARE_MODELS); do \
-	  $(PY) -m meshbayes.eval --gin_file=runs/eval.gin --gin_file=tasks/tatoeba_enfr.gin \
-	    --gin.MODEL_DIR="'$(1)/$$model'" --gin.BATCH_SIZE=64 --gin.evaluate.split="'test'" \
-	    --gin.data.TaskData.max_eval_batches=$(3) --gin.evaluate.max_ood_examples=$(4) \
-	    || exit 1; \
-	done
-	$(PY) -m meshbayes.tools.compare_runs --task=tatoeba_enfr \
-	  $(foreach model,$(COMPARE_MODELS),$(1)/$(model)) \
-	  --names=$(subst $(space),$(comma),$(COMPARE_MODELS)) --markdown=$(1)/table.md \
-	  --plot=$(1)/reliability.png
-endef
 
 demo: data
-	$(call compare,$(DEMO_DIR),$(DEMO_STEPS),$(DEMO_EVAL_BATCHES),$(DEMO_OOD_EXAMPLES))
+	rm -rf $(DEMO_DIR)
+	$(PY) -m meshbayes.tools.experiment --preset=demo --methods=$(DEMO_METHODS) --out=$(DEMO_DIR)
 
 experiment: data
-	$(call compare,$(EXPERIMENT_DIR),$(EXPERIMENT_STEPS),$(EXPERIMENT_EVAL_BATCHES),$(EXPERIMENT_OOD_EXAMPLES))
+	rm -rf $(EXPERIMENT_DIR)
+	$(PY) -m meshbayes.tools.experiment --preset=cpu --out=$(EXPERIMENT_DIR)
 
 # The trainer on the synthetic reverse task (no data needed): about two minutes.
 demo-synthetic: $(STAMP)

@@ -117,7 +117,7 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
              max_ood_examples: int = 1000, temperature_scaling: bool = False,
              temperature_split: str = "validation", ensemble_dirs: Sequence[str] = (),
              sample_agreement: bool = False, mc_dropout: bool = False,
-             seed: int = 0) -> dict[str, Any]:
+             seed: int = 0, output_dir: str | None = None) -> dict[str, Any]:
   """Evaluates a checkpoint on a split: quality, calibration and uncertainty.
 
   Reports the posterior-mean teacher-forced metrics (NLL, accuracy, the
@@ -129,7 +129,7 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
   the model average of ``num_samples`` weight samples (the headline figures)
   and through its posterior mean.
 
-  Writes to ``MODEL_DIR/eval/<task>/``: ``metrics.json``, ``reliability.json``
+  Writes to ``output_dir`` (default ``MODEL_DIR/eval/<task>/``): ``metrics.json``, ``reliability.json``
   and ``reliability.png`` (token- and sequence-level reliability diagrams),
   ``predictions_<predictive>.jsonl``, and the metrics as TensorBoard scalars
   (tagged ``<split>/<name>``, at the checkpoint's step) with their JSON line
@@ -177,6 +177,8 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
       BLEU) among the uncertainty measures, OOD report included (``S`` more
       decodes of every input).
     seed: seed of weight samples and sampling.
+    output_dir: where the results go (default ``MODEL_DIR/eval/<task>``), so that
+      several evaluations of one run (checkpoints, MC dropout, an ensemble) coexist.
 
   Returns:
     The metrics (also in ``metrics.json``).
@@ -230,7 +232,7 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
     result["token_calibration"][variant.name] = {k: v for k, v in token.items()
                                                  if not k.startswith("bin_")}
   result["token_ece"] = result["token_calibration"][variants[0].name]["ece"]
-  out_dir = epath.Path(model_dir) / "eval" / data.task
+  out_dir = epath.Path(output_dir) if output_dir else epath.Path(model_dir) / "eval" / data.task
   out_dir.mkdir(parents=True, exist_ok=True)
   if decode:
     _decode_split(result, reliability, model, params, data, batches, partitioner, variants,

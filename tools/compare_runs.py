@@ -3,7 +3,8 @@
     python -m meshbayes.tools.compare_runs --task=tatoeba_enfr runs/demo/deterministic runs/demo/bayesian \
         [--names=deterministic,Bayesian] [--markdown=table.md] [--plot=reliability.png]
 
-Reads what ``python -m meshbayes.eval`` wrote under ``RUN/eval/<task>/``. A
+Reads what ``python -m meshbayes.eval`` wrote under ``RUN/eval/<task>/``, or in a
+directory given as RUN that holds it (``evaluate.output_dir``). A
 Bayesian run gives two columns: its model average (headline) and its
 posterior mean. Calibration errors are in percent, as in the paper.
 """
@@ -44,8 +45,9 @@ OOD_SCORES = ("mutual_information", "reverse_mutual_information", "expected_pair
 
 
 def load(run: Path, task: str) -> tuple[dict[str, Any], dict[str, Any]]:
-  """``(metrics.json, reliability.json)`` of a run's evaluation on ``task``."""
-  directory = run / "eval" / task
+  """``(metrics.json, reliability.json)`` of a run's evaluation on ``task`` (``run`` is the
+  run's directory or the evaluation's own)."""
+  directory = run if (run / "metrics.json").is_file() else run / "eval" / task
   try:
     return (json.loads((directory / "metrics.json").read_text()),
             json.loads((directory / "reliability.json").read_text()))

@@ -1,0 +1,124 @@
+"""The uncertainty experiment's whole code path at toy size (``tools/experiment.py``): every
+method trained and evaluated on a fake Tatoeba corpus, at the end and at the best
+checkpoint, and its report."""
+
+import json
+import re
+
+import pytest
+
+from meshbayes.data import tatoeba, technical_english
+from meshbayes.tools import experiment, experiment_report, train_vocab
+from tests.data import corpus
+
+COLUMNS = ("deterministic", "temperature-scaled (T=", "MC dropout", "deep ensemble",
+           "Bayesian layers", "Bayesian layers (mean)", "IVON", "IVON (mean)")
+OOD_SETS = ("spanish", "technical_english", "targets_as_inputs", "shuffled_words")
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  root = tmp_path_factory.mktemp("data")
+  sdist, sha256 = corpus.write_sdist(root)
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv("MESHBAYES_DATA_DIR", str(root / "data"))
+    tatoeba.prepare(root / "data", sdist, heldout_english=4, ood_sentences=10,
+                    expected_sha256=sha256)
+    technical_english.prepare(root / "data")
+    train_vocab.main(["--task=tatoeba_enfr", "--vocab_size=40"])
+  return root / "data"
+
+
+@pytest.fixture(scope="module")
+def toy(data_dir, tmp_path_factory):
+  out = tmp_path_factory.mktemp("experiment")
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv("MESHBAYES_DATA_DIR", str(data_dir))
+    args = ["--preset=toy", f"--out={out}", "--in_process",
+            "--binding=models.TransformerConfig.vocab_size=128"]
+    assert experiment.main(args) == 0
+    yield out, args
+
+
+def test_every_method_is_reported_at_the_end_and_at_its_best_checkpoint(toy):
+  out, _ = toy
+  report = (out / "report.md").read_text()
+  tables = re.findall(r"^\| metric \|.*?(?=\n\n)", report, flags=re.S | re.M)
+  assert len(tables) == 2  # final and best
+  for table in tables:
+    header = table.splitlines()[0]
+    for column in COLUMNS:
+      assert f"| {column}" in header
+    for ood_set in OOD_SETS:
+      assert f"OOD {ood_set}: AUROC / FPR@95 (%) by total uncertainty" in table
+    assert "OOD spanish: AUROC / FPR@95 (%) by mutual information" in table
+    assert "| training step time / deterministic | 1.00 |" in table
+  for figure in ("curves", "reliability_final", "reliability_best", "ood_final", "ood_best"):
+    assert (out / "figures" / f"{figure}.png").stat().st_size > 10_000
+
+
+def test_the_best_checkpoint_is_the_lowest_validation_nll(toy):
+  out, _ = toy
+  summary = json.loads((out / "report.json").read_text())
+  for run in ("deterministic", "deterministic_seed1", "bayesian", "ivon"):
+    curve = experiment.validation_curve(out / "runs" / run)
+    assert [step for step, _ in curve] == [2, 4]
+    assert summary["best_steps"][run] == min(curve, key=lambda p: p[1])[0]
+  # Each ensemble member at its own best step; the evaluation is at the run's best step.
+  ensemble = json.loads((out / "eval" / "ensemble_best" / "metrics.json").read_text())
+  assert ensemble["ensemble"][1].endswith(f"checkpoints/{summary['best_steps']['deterministic_seed1']}")
+  assert ensemble["step"] == summary["best_steps"]["deterministic"]
+  assert ensemble["num_samples"] == 2
+
+
+def test_posterior_diagnostics_and_costs(toy):
+  out, _ = toy
+  summary = json.loads((out / "report.json").read_text())
+  bayesian, ivon = summary["posterior"]["bayesian"], summary["posterior"]["ivon"]
+  # The paper's estimators: attention and feed-forward weights are Bayesian, embeddings not.
+  assert set(bayesian) == {"self_attention", "cross_attention", "mlp"}
+  assert "embedding" in ivon  # IVON's posterior covers every weight
+  for kinds in (bayesian, ivon):
+    for d in kinds.values():
+      low, median, high = (d["stddev"][q] for q in ("0.05", "0.5", "0.95"))
+      assert 0 < low <= median <= high
+  for run in ("deterministic", "deterministic_seed1", "bayesian", "ivon"):
+    assert summary["costs"][run]["cpu_seconds"] > 0
+
+
+def test_an_experiment_resumes_without_redoing_anything(toy, capsys):
+  out, args = toy
+  capsys.readouterr()
+  assert experiment.main(args) == 0
+  assert "experiment: train" not in capsys.readouterr().out
+  assert "experiment: eval" not in capsys.readouterr().out
+
+
+def test_best_step_reads_the_trainers_validation_log(tmp_path):
+  (tmp_path / "eval").mkdir()
+  rows = [{"step": 100, "nll": 3.0}, {"step": 200, "nll": 2.5}, {"step": 300, "nll": 2.5},
+          {"step": 400, "nll": 2.7}]
+  (tmp_path / "eval" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  assert experiment.best_step(tmp_path) == 200  # the earliest of ties
+  with pytest.raises(ValueError, match="no periodic validation"):
+    experiment.best_step(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"methods": ("deterministic", "dropout")}, r"methods=.*'dropout'.*one of deterministic"),
+    ({"train_steps": 0}, "train_steps=0 must be a positive int"),
+    ({"ensemble_size": 1}, "ensemble_size=1 must be at least 2"),
+])
+def test_bad_budgets_are_one_line_errors(changes, message):
+  with pytest.raises(ValueError, match=message):
+    experiment.Budget(**{"train_steps": 10, "eval_period": 5, **changes})
+
+
+def test_layer_kinds_of_the_transformers_weights():
+  assert experiment_report.layer_kind(
+      "decoder/layers/encoder_decoder_attention/query/kernel") == "cross_attention"
+  assert experiment_report.layer_kind("encoder/layers/attention/out/kernel") == "self_attention"
+  assert experiment_report.layer_kind("decoder/layers/mlp/wi/kernel") == "mlp"
+  assert experiment_report.layer_kind("token_embedder/embedding") == "embedding"
+  assert experiment_report.layer_kind("decoder/layers/pre_cross_attention_norm/scale") == "norm"
+  assert experiment_report.layer_kind("decoder/relpos_bias/rel_embedding") == "relative_positions"

@@ -1,0 +1,357 @@
+"""Every uncertainty method side by side on one translation regime (``make experiment``,
+``make demo``): trains the runs, evaluates each method at the end of the budget and at
+its best validation checkpoint, and writes the tables and figures.
+
+  python -m meshbayes.tools.experiment --preset=cpu --out=runs/experiment [--publish=docs/uncertainty]
+  python -m meshbayes.tools.experiment --preset=demo --out=runs/demo
+
+Methods, on the same data and architecture for the same number of steps
+(``gin_configs/uncertainty/``, where each method's tuned settings are):
+
+- ``deterministic``: the Transformer trained with dropout; evaluated as it is and
+  temperature-scaled (one temperature fitted on the validation split by NLL);
+- ``mc_dropout``: the same run with ``S`` dropout masks at test time;
+- ``ensemble``: the deterministic run and ``K - 1`` more seeds, a uniform mixture;
+- ``bayesian``: Bayesian layers (Flipout attention, local reparameterization
+  feed-forward), model average of ``S`` weight samples and posterior mean;
+- ``ivon``: the deterministic Transformer trained by IVON, model average and mean.
+
+The best checkpoint of a run is the one with the lowest validation NLL of the
+trainer's periodic evaluation (the posterior mean's, for a posterior; each
+ensemble member its own). Runs and evaluations already complete are not redone,
+so an interrupted experiment resumes where it stopped. The report
+(``tools/experiment_report.py``) goes to ``OUT/report.md`` with its figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+METHODS = ("deterministic", "mc_dropout", "ensemble", "bayesian", "ivon")
+# The training recipe each method evaluates: (gin file, seed).
+RECIPES = {"deterministic": "uncertainty/deterministic.gin",
+           "bayesian": "uncertainty/bayesian.gin", "ivon": "uncertainty/ivon.gin"}
+CHECKPOINTS = ("final", "best")
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+  """One size of the experiment.
+
+  Attributes:
+    train_steps: steps of every training run.
+    eval_period: steps between the trainer's validation passes, each with a
+      checkpoint (the candidates for the best checkpoint).
+    ensemble_size: members of the deep ensemble (the deterministic run is one).
+    num_samples: posterior samples (weight samples, dropout masks) per prediction.
+    eval_batches: test batches of 64 pairs evaluated (and validation batches the
+      temperature is fitted on).
+    ood_examples: inputs per out-of-distribution set (and in-domain sources).
+    methods: the methods compared.
+    best_checkpoint: also evaluate each method at its best validation checkpoint.
+    bindings: gin bindings added to every training and evaluation command.
+    task_gin: the task file evaluations read (training reads its recipe's).
+    decode_method: how the test split is decoded (``beam`` or ``greedy``; OOD
+      inputs are decoded greedily).
+  """
+
+  train_steps: int
+  eval_period: int
+  ensemble_size: int = 4
+  num_samples: int = 4
+  eval_batches: int = 16
+  ood_examples: int = 512
+  methods: tuple[str, ...] = METHODS
+  best_checkpoint: bool = True
+  bindings: tuple[str, ...] = ()
+  task_gin: str = "tasks/tatoeba_enfr_20k.gin"
+  decode_method: str = "beam"
+
+  def __post_init__(self):
+    for name in ("train_steps", "eval_period", "num_samples", "eval_batches", "ood_examples"):
+      if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+        raise ValueError(f"Budget: {name}={getattr(self, name)!r} must be a positive int")
+    unknown = [m for m in self.methods if m not in METHODS]
+    if unknown or not self.methods:
+      raise ValueError(f"Budget: methods={self.methods!r}: each must be one of "
+                       f"{', '.join(METHODS)}")
+    if self.decode_method not in ("beam", "greedy"):
+      raise ValueError(f"Budget: decode_method={self.decode_method!r} must be beam or greedy")
+    if "ensemble" in self.methods and not self.ensemble_size >= 2:
+      raise ValueError(f"Budget: ensemble_size={self.ensemble_size!r} must be at least 2")
+
+  @property
+  def runs(self) -> dict[str, tuple[str, int]]:
+    """Training runs: name -> (gin file, seed)."""
+    runs = {}
+    if {"deterministic", "mc_dropout", "ensemble"} & set(self.methods):
+      runs["deterministic"] = (RECIPES["deterministic"], 0)
+    if "ensemble" in self.methods:
+      runs.update({f"deterministic_seed{k}": (RECIPES["deterministic"], k)
+                   for k in range(1, self.ensemble_size)})
+    for method in ("bayesian", "ivon"):
+      if method in self.methods:
+        runs[method] = (RECIPES[method], 0)
+    return runs
+
+
+PRESETS = {
+    # make experiment: two hours on 2 CPU cores.
+    "cpu": Budget(train_steps=3000, eval_period=250),
+    # make demo: the same table, smaller.
+    "demo": Budget(train_steps=1000, eval_period=250, eval_batches=4, ood_examples=128,
+                   methods=("deterministic", "mc_dropout", "bayesian"), best_checkpoint=False),
+    # The test suite: the whole code path in seconds (a tiny model; a task given by --binding).
+    "toy": Budget(train_steps=4, eval_period=2, ensemble_size=2, num_samples=2, eval_batches=1,
+                  ood_examples=4, decode_method="greedy", bindings=(
+                      "models.TransformerConfig.emb_dim=16", "models.TransformerConfig.mlp_dim=16",
+                      "models.TransformerConfig.num_heads=2",
+                      "models.TransformerConfig.head_dim=8",
+                      "models.TransformerConfig.num_encoder_layers=1",
+                      "models.TransformerConfig.num_decoder_layers=1", "BATCH_SIZE=8")),
+}
+
+
+class Runner:
+  """Runs ``python -m meshbayes.train|eval ...`` and accounts for its time.
+
+  In a new process (the default: a clean gin configuration and its own CPU time,
+  read from ``RUSAGE_CHILDREN``) or in this one (``in_process``: tests).
+  """
+
+  def __init__(self, in_process: bool = False):
+    self.in_process = in_process
+
+  def __call__(self, entry_point: str, args: Sequence[str]) -> dict[str, float]:
+    """Runs the command; returns its wall and CPU seconds. Raises on failure."""
+    who = resource.RUSAGE_SELF if self.in_process else resource.RUSAGE_CHILDREN
+    before, started = resource.getrusage(who), time.perf_counter()
+    print(f"experiment: {entry_point} {' '.join(args)}", flush=True)
+    if self.in_process:
+      from meshbayes import launch
+
+      try:
+        launch.run(f"meshbayes.{entry_point}", {"train": "train", "eval": "evaluate"}[entry_point],
+                   list(args), model_from_model_dir=entry_point == "eval")
+      except SystemExit as exit_:
+        if exit_.code:
+          raise RuntimeError(f"meshbayes.{entry_point} failed (status {exit_.code})") from None
+    else:
+      done = subprocess.run([sys.executable, "-m", f"meshbayes.{entry_point}", *args])
+      if done.returncode:
+        raise RuntimeError(f"meshbayes.{entry_point} failed (status {done.returncode}): "
+                           f"{' '.join(args)}")
+    after = resource.getrusage(who)
+    return {"wall_seconds": time.perf_counter() - started,
+            "cpu_seconds": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)}
+
+
+def _json(path: Path) -> dict[str, Any]:
+  return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _write_json(path: Path, value: Any) -> None:
+  temporary = path.with_suffix(".tmp")
+  temporary.write_text(json.dumps(value, indent=2))
+  temporary.replace(path)
+
+
+def validation_curve(run_dir: Path) -> list[tuple[int, float]]:
+  """``(step, validation NLL)`` of the trainer's periodic evaluations, by step."""
+  path = run_dir / "eval" / "metrics.jsonl"
+  rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+  return sorted((int(r["step"]), float(r["nll"])) for r in rows if "nll" in r)
+
+
+def best_step(run_dir: Path) -> int:
+  """The step of the lowest validation NLL (the earliest among ties)."""
+  curve = validation_curve(run_dir)
+  if not curve:
+    raise ValueError(f"{run_dir} has no periodic validation (train.eval_period) to choose from")
+  return min(curve, key=lambda point: (point[1], point[0]))[0]
+
+
+def _final_step(run_dir: Path) -> int:
+  steps = [int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()]
+  return max(steps)
+
+
+class Experiment:
+  """The runs and evaluations of one budget under ``out``."""
+
+  def __init__(self, budget: Budget, out: Path, runner: Runner, bindings: Sequence[str] = ()):
+    self.budget, self.out, self.run = budget, out, runner
+    self.bindings = [*budget.bindings, *bindings]
+    self.costs_path = out / "costs.json"
+
+  def _gin(self, *bindings: str) -> list[str]:
+    return [f"--gin.{b}" for b in (*self.bindings, *bindings)]
+
+  def train(self) -> None:
+    """Trains every run to ``train_steps`` (resuming or skipping finished ones)."""
+    costs = _json(self.costs_path)
+    budget = self.budget
+    for name, (gin_file, seed) in budget.runs.items():
+      run_dir = self.out / "runs" / name
+      if (run_dir / "checkpoints" / str(budget.train_steps)).is_dir():
+        continue
+      cost = self.run("train", [
+          f"--gin_file={gin_file}", *self._gin(
+              f"MODEL_DIR='{run_dir}'", f"TRAIN_STEPS={budget.train_steps}", f"SEED={seed}",
+              f"train.eval_period={budget.eval_period}",
+              f"train.checkpoint_period={budget.eval_period}", "train.keep_checkpoints=None",
+              f"train.log_period={min(budget.eval_period, 50)}")])
+      previous = costs.get(name, {})  # a resumed run adds to its earlier time
+      costs[name] = {k: previous.get(k, 0.0) + v for k, v in cost.items()}
+      _write_json(self.costs_path, costs)
+
+  def evaluations(self) -> dict[str, dict[str, Any]]:
+    """``{'<method>@<checkpoint>': {'dir': ..., 'args': [...]}}`` of every evaluation."""
+    budget, runs = self.budget, self.out / "runs"
+    found = {}
+    for checkpoint in CHECKPOINTS[:2 if budget.best_checkpoint else 1]:
+      step = lambda run: (best_step(runs / run) if checkpoint == "best"
+                          else _final_step(runs / run))
+      for method in budget.methods:
+        run = method if method in ("bayesian", "ivon") else "deterministic"
+        extra = {"deterministic": ["evaluate.temperature_scaling=True"],
+                 "mc_dropout": ["evaluate.mc_dropout=True"],
+                 "ensemble": ["evaluate.ensemble_dirs=[{}]".format(", ".join(
+                     f"'{runs / name / 'checkpoints' / str(step(name))}'"
+                     for name in budget.runs if name.startswith("deterministic_seed")))]
+                 }.get(method, [])
+        found[f"{method}@{checkpoint}"] = {"run": run, "step": step(run), "extra": extra}
+    return found
+
+  def evaluate(self) -> dict[str, Path]:
+    """Evaluates every method at each checkpoint; returns their result directories."""
+    budget = self.budget
+    results = {}
+    costs = _json(self.costs_path)
+    for key, spec in self.evaluations().items():
+      result_dir = self.out / "eval" / key.replace("@", "_")
+      results[key] = result_dir
+      if (result_dir / "metrics.json").is_file():
+        continue
+      costs[f"eval {key}"] = self.run("eval", [
+          "--gin_file=runs/eval.gin", f"--gin_file={budget.task_gin}", *self._gin(
+              f"MODEL_DIR='{self.out / 'runs' / spec['run']}'", "BATCH_SIZE=64",
+              "evaluate.split='test'", f"evaluate.checkpoint_step={spec['step']}",
+              f"evaluate.num_samples={budget.num_samples}",
+              f"data.TaskData.max_eval_batches={budget.eval_batches}",
+              f"evaluate.max_ood_examples={budget.ood_examples}",
+              f"evaluate.decode_method='{budget.decode_method}'",
+              f"evaluate.output_dir='{result_dir}'", *spec["extra"])])
+      _write_json(self.costs_path, costs)
+    return results
+
+
+  def tune(self, method: str, binding: str, values: Sequence[str]) -> Path:
+    """Trains ``method``'s recipe with ``binding`` at each of ``values`` and evaluates each
+    run at the end of the budget on the whole validation split (teacher-forced: the
+    headline predictive's token NLL and ECE); writes and returns ``OUT/tuning_<method>.md``.
+    """
+    if method not in RECIPES:
+      raise ValueError(f"tune: method={method!r} must be one of {', '.join(RECIPES)} (MC "
+                       "dropout and the ensemble take the deterministic run's settings)")
+    budget, costs = self.budget, _json(self.costs_path)
+    rows = ["| " + binding + " | validation NLL | validation token ECE (%) | "
+            "best step (posterior-mean NLL) | CPU minutes |", "|---|---|---|---|---|"]
+    for value in values:
+      run_dir = self.out / "tuning" / method / value
+      name = f"tune {method} {binding}={value}"
+      if not (run_dir / "checkpoints" / str(budget.train_steps)).is_dir():
+        costs[name] = self.run("train", [f"--gin_file={RECIPES[method]}", *self._gin(
+            f"MODEL_DIR='{run_dir}'", f"TRAIN_STEPS={budget.train_steps}",
+            f"train.eval_period={budget.eval_period}",
+            f"train.checkpoint_period={budget.eval_period}",
+            f"train.log_period={min(budget.eval_period, 50)}", f"{binding}={value}")])
+        _write_json(self.costs_path, costs)
+      result_dir = run_dir / "eval_validation"
+      if not (result_dir / "metrics.json").is_file():
+        self.run("eval", ["--gin_file=runs/eval.gin", f"--gin_file={budget.task_gin}",
+                          *self._gin(f"MODEL_DIR='{run_dir}'", "BATCH_SIZE=64",
+                                     "evaluate.split='validation'", "evaluate.decode=False",
+                                     f"evaluate.num_samples={budget.num_samples}",
+                                     "data.TaskData.max_eval_batches=None",
+                                     f"evaluate.output_dir='{result_dir}'")])
+      result = json.loads((result_dir / "metrics.json").read_text())
+      headline = result["token_calibration"][result["predictives"][0]]
+      curve = validation_curve(run_dir)
+      best = best_step(run_dir)
+      rows.append(f"| {value} | {headline['nll']:.4f} | {100 * headline['ece']:.2f} | "
+                  f"{best} ({dict(curve)[best]:.4f}) | "
+                  f"{costs.get(name, {}).get('cpu_seconds', float('nan')) / 60:.0f} |")
+    table = self.out / f"tuning_{method}.md"
+    table.write_text(f"{method}, {budget.train_steps} steps, {binding}:\n\n" + "\n".join(rows)
+                     + "\n")
+    return table
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
+  parser.add_argument("--out", type=Path, default=Path("runs/experiment"))
+  parser.add_argument("--methods", help=f"comma-separated subset of {','.join(METHODS)}")
+  parser.add_argument("--train_steps", type=int, help="override the preset's")
+  parser.add_argument("--binding", action="append", default=[],
+                      help="a gin binding for every command, e.g. SEED=1 (repeatable)")
+  parser.add_argument("--publish", type=Path, help="also copy the report and figures here")
+  parser.add_argument("--tune", metavar="METHOD", help="instead: tune METHOD over --grid")
+  parser.add_argument("--grid", metavar="NAME=V1,V2,...",
+                      help="the gin binding --tune varies, e.g. optimizers.KLWeight.value=1,0.1")
+  parser.add_argument("--in_process", action="store_true",
+                      help="run the commands in this process (tests)")
+  args = parser.parse_args(argv)
+  changes = {}
+  if args.methods:
+    changes["methods"] = tuple(args.methods.split(","))
+  if args.train_steps:
+    changes["train_steps"] = args.train_steps
+  try:
+    budget = dataclasses.replace(PRESETS[args.preset], **changes)
+  except ValueError as error:
+    parser.error(str(error))
+  args.out.mkdir(parents=True, exist_ok=True)
+  experiment = Experiment(budget, args.out, Runner(args.in_process), args.binding)
+  _write_json(args.out / "budget.json", {"preset": args.preset, **dataclasses.asdict(budget),
+                                         "bindings": experiment.bindings})
+  try:
+    if args.tune:
+      if not args.grid or "=" not in args.grid:
+        parser.error(f"--tune needs --grid=NAME=V1,V2,..., not --grid={args.grid!r}")
+      binding, values = args.grid.split("=", 1)
+      print(experiment.tune(args.tune, binding, values.split(",")).read_text())
+      return 0
+    experiment.train()
+    results = experiment.evaluate()
+  except (RuntimeError, ValueError) as error:  # the command printed its own one-line error
+    print(f"experiment: error: {error}", file=sys.stderr)
+    return 1
+  from meshbayes.tools import experiment_report
+
+  report = experiment_report.write(args.out, budget, results)
+  print(report.read_text())
+  if args.publish:
+    args.publish.mkdir(parents=True, exist_ok=True)
+    for path in args.out.glob("report*"):
+      shutil.copy(path, args.publish / path.name)
+    for path in (args.out / "figures").glob("*.png"):
+      shutil.copy(path, args.publish / path.name)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,287 @@
+"""The report of ``tools/experiment.py``: tables, training curves, posterior diagnostics,
+reliability diagrams and the OOD figure, from what its runs and evaluations wrote.
+
+  python -m meshbayes.tools.experiment_report runs/experiment   # rewrite the report alone
+
+Writes ``OUT/report.md``, ``OUT/report.json`` and ``OUT/figures/*.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
+
+from meshbayes import checkpoints, metrics
+from meshbayes.tools import compare_runs, inspect_checkpoint
+from meshbayes.tools.experiment import (CHECKPOINTS, Budget, _json, _write_json, best_step,
+                                        validation_curve)
+
+# Column names of each method's evaluated predictives (others are left out: MC dropout's
+# and the ensemble's "posterior mean" would be the deterministic model again).
+COLUMNS = {
+    "deterministic": {"posterior_mean": "deterministic",
+                      "posterior_mean_temperature_scaled": "temperature-scaled"},
+    "mc_dropout": {"model_average": "MC dropout"},
+    "ensemble": {"model_average": "deep ensemble"},
+    "bayesian": {"model_average": "Bayesian layers", "posterior_mean": "Bayesian layers (mean)"},
+    "ivon": {"model_average": "IVON", "posterior_mean": "IVON (mean)"},
+}
+# Weights grouped by the kind of layer they belong to, for the posterior diagnostics.
+# The first marker found in a weight's path decides (norms' paths name their attention too).
+LAYER_KINDS = (("norm", "_norm/"), ("cross_attention", "encoder_decoder_attention/"),
+               ("self_attention", "attention/"), ("mlp", "mlp/"), ("embedding", "embedder/"),
+               ("logits", "logits"), ("relative_positions", "relpos"))
+QUANTILES = (0.05, 0.5, 0.95)
+
+
+def layer_kind(name: str) -> str:
+  """The kind of layer a weight's path names (``self_attention``, ``mlp``, ...)."""
+  for kind, marker in LAYER_KINDS:
+    if marker in name:
+      return kind
+  return "other"
+
+
+def posterior_diagnostics(step_dir: Path) -> dict[str, dict[str, Any]]:
+  """Per kind of layer: the number of weights and quantiles of the posterior stddev and
+  of |mean| / stddev (empty for a run without a posterior)."""
+  _, moments = inspect_checkpoint.posterior_moments(checkpoints.read_arrays(step_dir),
+                                                    checkpoints.read_meta(step_dir))
+  grouped: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+  for name, (mean, stddev) in moments.items():
+    grouped.setdefault(layer_kind(name), []).append((mean.ravel(), stddev.ravel()))
+  result = {}
+  for kind, parts in sorted(grouped.items()):
+    mean = np.concatenate([m for m, _ in parts])
+    stddev = np.concatenate([s for _, s in parts])
+    snr = np.abs(mean) / stddev
+    result[kind] = {"weights": int(mean.size),
+                    "stddev": dict(zip(map(str, QUANTILES), np.quantile(stddev, QUANTILES)
+                                       .tolist())),
+                    "abs_mean_over_stddev": dict(zip(map(str, QUANTILES),
+                                                     np.quantile(snr, QUANTILES).tolist())),
+                    "abs_mean": float(np.mean(np.abs(mean)))}
+  return result
+
+
+def training_log(run_dir: Path) -> list[dict[str, float]]:
+  path = run_dir / "metrics.jsonl"
+  return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def step_seconds(run_dir: Path) -> float:
+  """The mean logged step time of a run (its steady state: compilation is not in it)."""
+  times = [r["step_seconds"] for r in training_log(run_dir) if "step_seconds" in r]
+  return float(np.mean(times)) if times else float("nan")
+
+
+def kl_per_token(run_dir: Path) -> list[tuple[int, float]]:
+  """``(step, KL / training tokens)`` over training (Bayesian layers), from the logged KL
+  term and its weight (the term is ``kl_weight * KL / D``)."""
+  return [(int(r["step"]), r["kl_term"] / r["kl_weight"]) for r in training_log(run_dir)
+          if r.get("kl_weight", 0) > 0 and "kl_term" in r]
+
+
+def _columns(results: Mapping[str, Path], checkpoint: str):
+  """compare_runs' columns of one checkpoint's evaluations, renamed per ``COLUMNS``."""
+  cols = []
+  for key, result_dir in results.items():
+    method, at = key.split("@")
+    if at != checkpoint:
+      continue
+    run_metrics, reliability = compare_runs.load(result_dir, "")
+    for predictive, title in COLUMNS[method].items():
+      if predictive in run_metrics["predictives"]:
+        if predictive.endswith("temperature_scaled"):
+          title += f" (T={run_metrics['temperature_scaling']['temperature']:.2f})"
+        cols.append((title, run_metrics, predictive, reliability[predictive]))
+  return cols
+
+
+def _cost_rows(results: Mapping[str, Path], checkpoint: str, runs: Path, costs: dict,
+               cols) -> list[str]:
+  """Rows of each column's training cost: step time against the deterministic run's, and
+  the CPU time of every run it needed."""
+  base = step_seconds(runs / "deterministic") if (runs / "deterministic").is_dir() else None
+  ratios, cpu = [], []
+  for title, run_metrics, _, _ in cols:
+    method = next(m for m, names in COLUMNS.items() if title.split(" (")[0] in names.values())
+    names = ({"ensemble": [n for n in costs if n.startswith("deterministic")]}
+             .get(method, ["deterministic" if method in ("mc_dropout", "deterministic")
+                           else method]))
+    names = [n for n in names if not n.startswith("eval ")]
+    seconds = step_seconds(runs / names[0])
+    ratios.append(f"{seconds / base:.2f}" if base else "-")
+    cpu.append(f"{sum(costs.get(n, {}).get('cpu_seconds', 0.0) for n in names) / 60:.0f}")
+  return [f"| training step time / deterministic | {' | '.join(ratios)} |",
+          f"| training CPU minutes (all runs it needs) | {' | '.join(cpu)} |"]
+
+
+def plot_curves(runs: Path, path: Path) -> None:
+  """Validation NLL (and training NLL) against steps for every run; the best steps marked;
+  and the Bayesian run's KL per training token."""
+  plt = metrics.reliability._pyplot()
+  fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+  for run_dir in sorted(p for p in runs.iterdir() if p.is_dir()):
+    curve = validation_curve(run_dir)
+    if not curve:
+      continue
+    steps, nll = zip(*curve)
+    line, = left.plot(steps, nll, label=f"{run_dir.name} (validation)")
+    train = [(r["step"], r["nll"]) for r in training_log(run_dir) if "nll" in r]
+    if train:
+      left.plot(*zip(*train), color=line.get_color(), alpha=0.4, linestyle=":")
+    best = best_step(run_dir)
+    left.plot([best], [dict(curve)[best]], "o", color=line.get_color())
+    kl = kl_per_token(run_dir)
+    if any(value > 0 for _, value in kl):  # runs with Bayesian layers
+      right.plot(*zip(*kl), label=run_dir.name)
+  left.set(xlabel="step", ylabel="token NLL (nats)",
+           title="validation (solid; dot: best) and training (dotted) NLL")
+  left.legend(fontsize=7)
+  right.set(xlabel="step", ylabel="KL / training tokens (nats)", title="KL per training token")
+  if right.lines:
+    right.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def plot_ood(cols, path: Path, measures: Sequence[str] = (
+    "total_uncertainty", "mutual_information", "reverse_mutual_information",
+    "sequence_total_uncertainty")) -> None:
+  """AUROC of telling each OOD set from in-domain inputs, per column and measure."""
+  plt = metrics.reliability._pyplot()
+  headline = [(t, m) for t, m, p, _ in cols if p == m["predictives"][0] and m.get("ood")]
+  sets = sorted({name for _, m in headline for name in m["ood"]})
+  if not sets:
+    return
+  fig, axes = plt.subplots(1, len(sets), figsize=(4 * len(sets), 3.6), sharey=True,
+                           squeeze=False)
+  width = 0.8 / len(measures)
+  for ax, ood_set in zip(axes[0], sets):
+    for i, measure in enumerate(measures):
+      values = [m["ood"][ood_set].get(f"auroc_{measure}", np.nan) for _, m in headline]
+      ax.bar(np.arange(len(headline)) + i * width, values, width, label=measure.replace("_", " "))
+    ax.axhline(0.5, color="grey", linewidth=0.8)
+    ax.set_xticks(np.arange(len(headline)) + 0.4 - width / 2)
+    ax.set_xticklabels([t for t, _ in headline], rotation=35, ha="right", fontsize=7)
+    ax.set_title(ood_set.replace("_", " "))
+    ax.set_ylim(0, 1)
+  axes[0][0].set_ylabel("OOD AUROC")
+  axes[0][-1].legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def ood_summary(cols) -> str:
+  """Per OOD set, each method's AUROC by total uncertainty (the entropy any model has), by
+  mutual information (the samples' disagreement) and by its best measure (named)."""
+  headline = [(t, m["ood"]) for t, m, p, _ in cols if p == m["predictives"][0] and m.get("ood")]
+  lines = ["| OOD set: AUROC by | " + " | ".join(t for t, _ in headline) + " |",
+           "|---" * (len(headline) + 1) + "|"]
+  for ood_set in sorted({name for _, ood in headline for name in ood}):
+    for label, measure in (("total uncertainty", "total_uncertainty"),
+                           ("mutual information", "mutual_information")):
+      cells = [f"{ood[ood_set][f'auroc_{measure}']:.3f}" if f"auroc_{measure}" in ood.get(
+          ood_set, {}) else "-" for _, ood in headline]
+      lines.append(f"| {ood_set}: {label} | " + " | ".join(cells) + " |")
+    best = []
+    for _, ood in headline:
+      scores = {k[len("auroc_"):]: v for k, v in ood.get(ood_set, {}).items()
+                if k.startswith("auroc_")}
+      name = max(scores, key=scores.get) if scores else None
+      best.append(f"{scores[name]:.3f} ({name.replace('_', ' ')})" if name else "-")
+    lines.append(f"| {ood_set}: its best measure | " + " | ".join(best) + " |")
+  return "\n".join(lines)
+
+
+def _diagnostics_table(diagnostics: Mapping[str, Mapping[str, Any]]) -> str:
+  lines = ["| run | layers | weights | stddev 5% / 50% / 95% | mean abs | "
+           "abs(mean)/stddev 5% / 50% / 95% |", "|---|---|---|---|---|---|"]
+  for run, kinds in diagnostics.items():
+    for kind, d in kinds.items():
+      q = lambda name: " / ".join(f"{d[name][str(x)]:.3g}" for x in QUANTILES)
+      lines.append(f"| {run} | {kind} | {d['weights']:,} | {q('stddev')} | "
+                   f"{d['abs_mean']:.3g} | {q('abs_mean_over_stddev')} |")
+  return "\n".join(lines)
+
+
+def write(out: Path, budget: Budget, results: Mapping[str, Path]) -> Path:
+  """Writes the report of an experiment under ``out``; returns ``report.md``'s path."""
+  runs, figures = out / "runs", out / "figures"
+  figures.mkdir(exist_ok=True)
+  costs = _json(out / "costs.json")
+  sections = [f"# The uncertainty experiment ({budget.train_steps} steps per run)", ""]
+  summary: dict[str, Any] = {"tables": {}, "best_steps": {}, "posterior": {}}
+  for name in budget.runs:
+    summary["best_steps"][name] = best_step(runs / name)
+  for checkpoint in CHECKPOINTS:
+    cols = _columns(results, checkpoint)
+    if not cols:
+      continue
+    text = compare_runs.table(cols).splitlines()
+    text[-1:-1] = _cost_rows(results, checkpoint, runs, costs, cols)
+    what = ("at the end of the budget" if checkpoint == "final" else
+            "at each run's best validation checkpoint (lowest validation NLL)")
+    sections += [f"## Every method {what}", "", *text, "",
+                 "OOD detection at a glance (the full rows above):", "", ood_summary(cols), ""]
+    summary["tables"][checkpoint] = "\n".join(text)
+    metrics.plot_token_and_sequence_reliability(
+        {title: reliability for title, _, _, reliability in _as_arrays(cols)},
+        figures / f"reliability_{checkpoint}.png", title=f"reliability, {checkpoint} checkpoints")
+    plot_ood(cols, figures / f"ood_{checkpoint}.png")
+    sections += [f"![reliability](figures/reliability_{checkpoint}.png)",
+                 f"![OOD AUROC](figures/ood_{checkpoint}.png)", ""]
+  plot_curves(runs, figures / "curves.png")
+  sections += ["## Training curves", "", "![curves](figures/curves.png)", "",
+               "Best validation step per run: " + ", ".join(
+                   f"{k} {v}" for k, v in summary["best_steps"].items()), ""]
+  for name in ("bayesian", "ivon"):
+    if name in budget.runs:
+      summary["posterior"][name] = posterior_diagnostics(checkpoints.find_step_dir(runs / name))
+  if summary["posterior"]:
+    sections += ["## Posterior diagnostics (final checkpoints)", "",
+                 _diagnostics_table(summary["posterior"]), ""]
+  summary["costs"] = costs
+  _write_json(out / "report.json", summary)
+  report = out / "report.md"
+  report.write_text("\n".join(sections))
+  return report
+
+
+def _as_arrays(cols):
+  as_array = lambda bins: {k: np.array([np.nan if x is None else x for x in v])
+                           for k, v in bins.items()}
+  return [(t, m, p, {level: as_array(bins) for level, bins in r.items()}) for t, m, p, r in cols]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("out", type=Path, help="the experiment's directory")
+  args = parser.parse_args(argv)
+  from meshbayes.tools import experiment
+
+  budget_json = _json(args.out / "budget.json")
+  if not budget_json:
+    parser.error(f"{args.out} holds no experiment (no budget.json)")
+  budget_json.pop("preset")
+  budget_json.pop("bindings")
+  budget = Budget(**{k: tuple(v) if isinstance(v, list) else v for k, v in budget_json.items()})
+  results = {key: args.out / "eval" / key.replace("@", "_")
+             for key in experiment.Experiment(budget, args.out, experiment.Runner()).evaluations()}
+  print(write(args.out, budget, results).read_text())
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
