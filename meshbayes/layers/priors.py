@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 
@@ -51,6 +52,38 @@ def normal_kl(q_loc: Array, q_stddev: Array, p_loc: Array, p_stddev: Array) -> A
   ratio = q_stddev / p_stddev
   return (0.5 * jnp.square(ratio) + 0.5 * jnp.square((q_loc - p_loc) / p_stddev)
           - jnp.log(ratio) - 0.5)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def normal_kl_sum(q_loc: Array, q_stddev: Array, p_loc: float, p_stddev: float) -> Array:
+  """``sum(normal_kl(q_loc, q_stddev, p_loc, p_stddev))`` for a fixed prior, float32.
+
+  Its gradient is written out, ``(q_loc - p_loc) / p_stddev^2`` and
+  ``q_stddev / p_stddev^2 - 1 / q_stddev``, from the posterior alone:
+  differentiated through ``normal_kl``, a layer inside a scan stored two
+  more weight-sized arrays per kernel for the backward pass (its scaled
+  mean and stddev), written, kept and read once per step each.
+
+  >>> float(normal_kl_sum(jnp.zeros(3), jnp.ones(3), 0.0, 1.0))
+  0.0
+  """
+  return jnp.sum(normal_kl(q_loc, q_stddev, p_loc, p_stddev))
+
+
+def _normal_kl_sum_forward(q_loc, q_stddev, p_loc, p_stddev):
+  return normal_kl_sum(q_loc, q_stddev, p_loc, p_stddev), (q_loc, q_stddev)
+
+
+def _normal_kl_sum_backward(p_loc, p_stddev, residuals, grad):
+  q_loc, q_stddev = residuals
+  precision = 1.0 / (p_stddev * p_stddev)
+  d_loc = grad * (q_loc.astype(jnp.float32) - p_loc) * precision
+  stddev = q_stddev.astype(jnp.float32)
+  d_stddev = grad * (stddev * precision - 1.0 / stddev)
+  return d_loc.astype(q_loc.dtype), d_stddev.astype(q_stddev.dtype)
+
+
+normal_kl_sum.defvjp(_normal_kl_sum_forward, _normal_kl_sum_backward)
 
 
 def _normal_log_prob(x: Array, stddev: float | Array) -> Array:
@@ -98,7 +131,7 @@ class NormalPrior(Prior):
 
   def kl(self, loc, stddev, params, key):
     del params, key
-    return jnp.sum(normal_kl(loc, stddev, self.loc, self.stddev))
+    return normal_kl_sum(loc, stddev, float(self.loc), float(self.stddev))
 
 
 @dataclasses.dataclass(frozen=True)
