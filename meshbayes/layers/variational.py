@@ -133,6 +133,31 @@ def boxed_init(box: meta.AxisMetadata | None, init: Initializer) -> Initializer:
   return lambda *args: box.replace_boxed(_unbox(init(*args)))
 
 
+@jax.custom_vjp
+def stddev_of_scale(scale: Array) -> Array:
+  """``softplus(scale)``, whose gradient ``sigmoid(scale)`` is recomputed from ``scale``.
+
+  Differentiated as ``jax.nn.softplus``, a layer inside a scan stored its
+  derivative (and the stddev) as weight-sized arrays for the backward pass;
+  ``scale``, a parameter, is there already.
+
+  >>> round(float(stddev_of_scale(jnp.float32(0.0))), 4)
+  0.6931
+  """
+  return jax.nn.softplus(scale)
+
+
+def _stddev_forward(scale: Array) -> tuple[Array, Array]:
+  return jax.nn.softplus(scale), scale
+
+
+def _stddev_backward(scale: Array, grad: Array) -> tuple[Array]:
+  return (grad * jax.nn.sigmoid(scale),)
+
+
+stddev_of_scale.defvjp(_stddev_forward, _stddev_backward)
+
+
 def variational_param(module: nn.Module, name: str, shape: tuple[int, ...], loc_init: Initializer,
                       stddev_init: Initializer, box: meta.AxisMetadata | None,
                       dtype: Any) -> Normal:
@@ -154,7 +179,7 @@ def variational_param(module: nn.Module, name: str, shape: tuple[int, ...], loc_
   loc = module.param(f"{name}_loc", boxed_init(box, loc_init), shape, dtype)
   scale_init = lambda *args: softplus_inverse(_unbox(stddev_init(*args)))
   scale = module.param(f"{name}_scale", boxed_init(box, scale_init), shape, dtype)
-  return Normal(loc, jax.nn.softplus(scale))
+  return Normal(loc, stddev_of_scale(scale))
 
 
 def sample_weights(params: Any, key: Array) -> dict[str, Any]:
