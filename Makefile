@@ -5,6 +5,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# Test files run on this many processes (pytest-xdist; each file stays on one, so its
+# module fixtures run once): 2 fills CI's 2 cores, most tests being single-threaded compiles.
+TEST_WORKERS ?= 2
 
 .PHONY: install data demo experiment demo-synthetic demo-layers examples test test-slow test-tpu clean scaling scaling-full roofline bench
 
@@ -72,10 +75,10 @@ examples: data
 	OPENBLAS_NUM_THREADS=1 $(PY) -m meshbayes.examples.deep_gp_diabetes
 
 test: $(STAMP)
-	$(PY) -m pytest -m 'not slow' $(PYTEST_ARGS)
+	$(PY) -m pytest -m 'not slow' -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -m slow $(PYTEST_ARGS)
+	$(PY) -m pytest -m slow -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Ahead-of-time compiles for TPU topologies need libtpu (the `tpu` extra); the
 # default install leaves it out, and these tests skip without it.

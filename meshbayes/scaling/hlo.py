@@ -185,7 +185,7 @@ def parse_computations(text: str) -> tuple[dict[str, list[Instruction]], str | N
   return computations, entry
 
 
-def _flat(instruction: Instruction) -> tuple[Shape, ...]:
+def flat_shapes(instruction: Instruction) -> tuple[Shape, ...]:
   return tuple(s for group in instruction.shapes for s in group)
 
 
@@ -195,7 +195,7 @@ def _dims_attribute(attributes: str, name: str) -> tuple[int, ...]:
 
 
 def _matmul_flops(instruction: Instruction, shapes: dict[str, tuple[Shape, ...]]) -> float:
-  out = _flat(instruction)
+  out = flat_shapes(instruction)
   if not out or len(instruction.operands) < 2:
     return 0.0
   outputs = math.prod(out[0].dims)
@@ -238,7 +238,7 @@ def _convolution_flops(instruction: Instruction, shapes: dict[str, tuple[Shape, 
   if not lhs or not kernel or not labels:
     return 0.0
   lhs_labels, kernel_labels, out_labels = labels.groups()
-  out, lhs, kernel = _flat(instruction)[0].dims, lhs[0].dims, kernel[0].dims
+  out, lhs, kernel = flat_shapes(instruction)[0].dims, lhs[0].dims, kernel[0].dims
   if len(out) != len(out_labels) or len(lhs) != len(lhs_labels):
     return 0.0
   macs = out[out_labels.index("b")] * out[out_labels.index("f")] * kernel[kernel_labels.index("i")]
@@ -258,7 +258,7 @@ def _convolution_flops(instruction: Instruction, shapes: dict[str, tuple[Shape, 
   return 2.0 * macs
 
 
-def _collective_bytes(kind: str, instruction: Instruction) -> float:
+def collective_bytes(kind: str, instruction: Instruction) -> float:
   groups = instruction.shapes
   if instruction.opcode.endswith("-start") and kind in ("all-gather", "collective-permute",
                                                          "all-to-all", "reduce-scatter"):
@@ -267,7 +267,7 @@ def _collective_bytes(kind: str, instruction: Instruction) -> float:
   return sum(s.bytes for group in groups for s in group)
 
 
-def _trip_count(instruction: Instruction, condition: list[Instruction],
+def trip_count(instruction: Instruction, condition: list[Instruction],
                 caller: dict[str, Instruction]) -> int | None:
   """The trip count of a ``while``: from XLA's annotation, else from ``i < N`` in its condition."""
   known = _TRIP_COUNT.search(instruction.attributes)
@@ -319,7 +319,7 @@ def _initial_counter(instruction: Instruction, condition: list[Instruction], cou
   return 0
 
 
-def _called(instruction: Instruction) -> Iterator[tuple[str, str]]:
+def called_computations(instruction: Instruction) -> Iterator[tuple[str, str]]:
   for role, name in _CALLED.findall(instruction.attributes):
     yield role, name
   branches = _BRANCHES.search(instruction.attributes)
@@ -333,7 +333,7 @@ def _elementwise_flops(instruction: Instruction, shapes: dict[str, tuple[Shape, 
   """(flops, transcendentals) of a non-matmul instruction, as XLA's cost analysis counts them:
   one per output element of arithmetic, one per input element of a reduction."""
   if instruction.opcode in _ARITHMETIC or instruction.opcode in _TRANSCENDENTAL:
-    out = _flat(instruction)
+    out = flat_shapes(instruction)
     elements = math.prod(out[0].dims) if len(out) == 1 else 0
     return (0.0, elements) if instruction.opcode in _TRANSCENDENTAL else (elements, 0.0)
   if instruction.opcode in ("reduce", "reduce-window"):
@@ -369,7 +369,7 @@ def analyze(text: str) -> HloSummary:
     if name in memo:
       return memo[name]
     instructions = computations.get(name, [])
-    shapes = {i.name: _flat(i) for i in instructions}
+    shapes = {i.name: flat_shapes(i) for i in instructions}
     by_name = {i.name: i for i in instructions}
     cost, census = [0.0, 0.0, 0.0], {kind: [0, 0.0, 0.0, 0.0] for kind in COLLECTIVES}
     for instruction in instructions:
@@ -381,13 +381,13 @@ def analyze(text: str) -> HloSummary:
         cost[2] += transcendentals
       kind = instruction.opcode.removesuffix("-start")
       if kind in census and not instruction.opcode.endswith("-done"):
-        size = _collective_bytes(kind, instruction)
+        size = collective_bytes(kind, instruction)
         census[kind] = [a + b for a, b in zip(census[kind], (1, 1, size, size))]
-      called = list(_called(instruction))
+      called = list(called_computations(instruction))
       trips = 1
       if instruction.opcode == "while":
         condition = next((c for role, c in called if role == "condition"), None)
-        count = _trip_count(instruction, computations.get(condition, []), by_name)
+        count = trip_count(instruction, computations.get(condition, []), by_name)
         if count is None:
           summary.unknown_trip_counts += 1
           count = 1

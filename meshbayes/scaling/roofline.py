@@ -483,11 +483,11 @@ def _executions(computations: dict[str, list[hlo.Instruction]], entry: str
       fused.add(name)
     by_name = {i.name: i for i in computations[name]}
     for instruction in computations[name]:
-      called = list(hlo._called(instruction))
+      called = list(hlo.called_computations(instruction))
       trips = 1
       if instruction.opcode == "while":
         condition = next((c for role, c in called if role == "condition"), None)
-        trips = hlo._trip_count(instruction, computations.get(condition, []), by_name) or 1
+        trips = hlo.trip_count(instruction, computations.get(condition, []), by_name) or 1
       for role, child in called:
         if child in stack or child not in computations:
           continue
@@ -520,7 +520,7 @@ class _Fusions:
       self._matmul[name] = False  # guards recursion
       self._matmul[name] = any(
           i.opcode in ("dot", "convolution")
-          or any(self.has_matmul(c) for _, c in hlo._called(i) if c in self.computations)
+          or any(self.has_matmul(c) for _, c in hlo.called_computations(i) if c in self.computations)
           for i in self.computations.get(name, []))
     return self._matmul[name]
 
@@ -528,7 +528,7 @@ class _Fusions:
               ) -> float:
     """HBM bytes of a fusion: operands read (only the slices a slicing user reads) and
     results written (only the update of an in-place dynamic-update-slice root)."""
-    name = next((c for role, c in hlo._called(instruction) if role == "calls"), None)
+    name = next((c for role, c in hlo.called_computations(instruction) if role == "calls"), None)
     body = self.computations.get(name, [])
     params = {}
     for i in body:
@@ -548,13 +548,13 @@ class _Fusions:
       by_name = {i.name: i for i in body}
       roots = [by_name[o] for o in root.operands if o in by_name]
     written = 0.0
-    shapes = {i.name: hlo._flat(i) for i in body}
+    shapes = {i.name: hlo.flat_shapes(i) for i in body}
     for r in roots:
       if r.opcode == "dynamic-update-slice" and r.operands and r.operands[0] in params.values():
         in_place.add(r.operands[0])
         written += _bytes(shapes.get(r.operands[1], ()))
       else:
-        written += _bytes(hlo._flat(r))
+        written += _bytes(hlo.flat_shapes(r))
     read = 0.0
     for index, shape in enumerate(operand_shapes):
       param = params.get(index)
@@ -563,7 +563,7 @@ class _Fusions:
       readers = users.get(param, [])
       if param is not None and readers and all(
           u.opcode in _SLICING and u.operands[0] == param for u in readers):
-        read += sum(_bytes(hlo._flat(u)) for u in readers)
+        read += sum(_bytes(hlo.flat_shapes(u)) for u in readers)
       else:
         read += _bytes(shape)
     return read + written
@@ -582,7 +582,7 @@ def _reduce_scatters(body: list[hlo.Instruction]) -> dict[str, float]:
       readers = users.get(i.name, [])
       if readers and all(u.opcode == "dynamic-slice" and u.operands[0] == i.name
                          for u in readers):
-        found[i.name] = _bytes(hlo._flat(readers[0]))
+        found[i.name] = _bytes(hlo.flat_shapes(readers[0]))
   return found
 
 
@@ -618,7 +618,7 @@ def program_profile(hlo_text: str, mesh_shape: Mapping[str, int],
   for name, times in runs.items():
     if times == 0:
       continue
-    shapes = {i.name: hlo._flat(i) for i in computations[name]}
+    shapes = {i.name: hlo.flat_shapes(i) for i in computations[name]}
     scatters = _reduce_scatters(computations[name]) if name in fused else {}
     for instruction in computations[name]:
       opcode = instruction.opcode
@@ -626,7 +626,7 @@ def program_profile(hlo_text: str, mesh_shape: Mapping[str, int],
       if kind in KINDS and not opcode.endswith("-done"):
         groups = parse_replica_groups(instruction.attributes, num_devices)
         group = groups[0] if groups else None
-        size = hlo._collective_bytes(kind, instruction)
+        size = hlo.collective_bytes(kind, instruction)
         if instruction.name in scatters:  # an all-reduce whose result is sliced: a reduce-scatter
           kind, size = "reduce-scatter", scatters[instruction.name]
         key = (kind, opcode.removesuffix("-start"), len(group) if group else None,
@@ -642,15 +642,15 @@ def program_profile(hlo_text: str, mesh_shape: Mapping[str, int],
       operands = [shapes.get(o, ()) for o in instruction.operands]
       if opcode == "fusion":
         moved = fusions.traffic(instruction, operands)
-        called = [c for role, c in hlo._called(instruction) if role == "calls"]
+        called = [c for role, c in hlo.called_computations(instruction) if role == "calls"]
         matmul = any(fusions.has_matmul(c) for c in called)
       elif opcode in _SLICING:
-        moved, matmul = 2 * _bytes(hlo._flat(instruction)), False
+        moved, matmul = 2 * _bytes(hlo.flat_shapes(instruction)), False
       elif opcode == "dynamic-update-slice":
         moved, matmul = 2 * _bytes(operands[1]) if len(operands) > 1 else 0.0, False
       else:
-        result = hlo._collective_bytes(kind, instruction) if kind in KINDS else \
-            _bytes(hlo._flat(instruction))
+        result = hlo.collective_bytes(kind, instruction) if kind in KINDS else \
+            _bytes(hlo.flat_shapes(instruction))
         moved = result + sum(_bytes(s) for s in operands)
         matmul = opcode in ("dot", "convolution")
       traffic["matmul_ops" if matmul else "other_ops"] += times * moved
