@@ -89,7 +89,8 @@ def test_noise_is_deterministic_independent_per_leaf_and_sample_and_scaled_by_si
   for other in (noise_fn(state, 1), noise_fn(state._replace(count=jnp.int32(6)), 0),
                 noise_fn(state._replace(seed=jnp.int32(1)), 0)):
     assert abs(np.corrcoef(z["x"], np.asarray(other["x"]).ravel())[0, 1]) < 0.05
-  np.testing.assert_array_equal(config.noise(state, 0)["x"], noise["x"])  # unjitted: the same
+  # Unjitted: the same draws (to float rounding: XLA may fuse the scaling differently).
+  np.testing.assert_allclose(config.noise(state, 0)["x"], noise["x"], rtol=1e-6, atol=0)
 
 
 def test_posterior_samples_have_the_posterior_mean_and_stddev():

@@ -29,17 +29,50 @@ def data_dir(tmp_path_factory):
   return root / "data"
 
 
-@pytest.fixture(scope="module")
-def toy(data_dir, tmp_path_factory):
-  out = tmp_path_factory.mktemp("experiment")
+def _run_toy(data_dir, out, *extra):
   with pytest.MonkeyPatch.context() as patch:
     patch.setenv("MESHBAYES_DATA_DIR", str(data_dir))
     args = ["--preset=toy", f"--out={out}", "--in_process",
-            "--binding=models.TransformerConfig.vocab_size=128"]
+            "--binding=models.TransformerConfig.vocab_size=128", *extra]
     assert experiment.main(args) == 0
-    yield out, args
+  return out, args
 
 
+@pytest.fixture(scope="module")
+def toy(data_dir, tmp_path_factory):
+  """Every method: four training runs and ten evaluations (the slow tests)."""
+  return _run_toy(data_dir, tmp_path_factory.mktemp("experiment"))
+
+
+def test_two_methods_end_to_end_at_both_checkpoints_and_resumed(data_dir, tmp_path):
+  """The path of `make demo` and `make experiment` in `make test`: train, evaluate at the
+  end and at the best checkpoint, report; a second call redoes nothing."""
+  out, args = _run_toy(data_dir, tmp_path, "--methods=deterministic,bayesian")
+  tables = re.findall(r"^\| metric \|.*?(?=\n\n)", (out / "report.md").read_text(),
+                      flags=re.S | re.M)
+  assert len(tables) == 2
+  for table in tables:
+    header = table.splitlines()[0]
+    for column in ("deterministic", "temperature-scaled (T=", "Bayesian layers",
+                   "Bayesian layers (mean)"):
+      assert f"| {column}" in header
+    assert "IVON" not in header and "MC dropout" not in header
+    for ood_set in OOD_SETS:
+      assert f"OOD {ood_set}: AUROC / FPR@95 (%) by total uncertainty" in table
+  summary = json.loads((out / "report.json").read_text())
+  for run in ("deterministic", "bayesian"):
+    curve = experiment.validation_curve(out / "runs" / run)
+    assert summary["best_steps"][run] == min(curve, key=lambda p: p[1])[0]
+  assert set(summary["posterior"]["bayesian"]) == {"self_attention", "cross_attention", "mlp"}
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv("MESHBAYES_DATA_DIR", str(data_dir))
+    calls = []
+    patch.setattr(experiment.Runner, "__call__", lambda self, *a: calls.append(a))
+    assert experiment.main(args) == 0
+  assert calls == []
+
+
+@pytest.mark.slow
 def test_every_method_is_reported_at_the_end_and_at_its_best_checkpoint(toy):
   out, _ = toy
   report = (out / "report.md").read_text()
@@ -57,6 +90,7 @@ def test_every_method_is_reported_at_the_end_and_at_its_best_checkpoint(toy):
     assert (out / "figures" / f"{figure}.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_the_best_checkpoint_is_the_lowest_validation_nll(toy):
   out, _ = toy
   summary = json.loads((out / "report.json").read_text())
@@ -71,6 +105,7 @@ def test_the_best_checkpoint_is_the_lowest_validation_nll(toy):
   assert ensemble["num_samples"] == 2
 
 
+@pytest.mark.slow
 def test_posterior_diagnostics_and_costs(toy):
   out, _ = toy
   summary = json.loads((out / "report.json").read_text())
@@ -86,6 +121,7 @@ def test_posterior_diagnostics_and_costs(toy):
     assert summary["costs"][run]["cpu_seconds"] > 0
 
 
+@pytest.mark.slow
 def test_an_experiment_resumes_without_redoing_anything(toy, capsys):
   out, args = toy
   capsys.readouterr()

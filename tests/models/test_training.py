@@ -3,6 +3,7 @@
 Run with -s to see the loss curves and training times.
 """
 
+import functools
 import time
 
 import flax.linen as nn
@@ -34,7 +35,8 @@ def train(estimators, steps=700, batch_size=64, length=10, log_every=100):
   optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(schedule))
   opt_state = optimizer.init(params)
 
-  @jax.jit
+  # Optimized code for this long loop (the suite compiles unoptimized: tests/conftest.py).
+  @functools.partial(jax.jit, compiler_options={"xla_backend_optimization_level": 2})
   def step(params, opt_state, batch, i):
     grads, metrics = jax.grad(model.loss_fn, has_aux=True)(params, batch,
                                                            jax.random.fold_in(jax.random.key(1), i))
