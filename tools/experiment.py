@@ -2,7 +2,7 @@
 ``make demo``): trains the runs, evaluates each method at the end of the budget and at
 its best validation checkpoint, and writes the tables and figures.
 
-  python -m meshbayes.tools.experiment --preset=cpu --out=runs/experiment [--publish=docs/uncertainty]
+  python -m meshbayes.tools.experiment --preset=cpu --out=runs/experiment [--publish=docs/uncertainty] [--jobs=2]
   python -m meshbayes.tools.experiment --preset=demo --out=runs/demo
 
 Methods, on the same data and architecture for the same number of steps
@@ -28,10 +28,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import re
 import resource
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -127,18 +130,23 @@ PRESETS = {
 class Runner:
   """Runs ``python -m meshbayes.train|eval ...`` and accounts for its time.
 
-  In a new process (the default: a clean gin configuration and its own CPU time,
-  read from ``RUSAGE_CHILDREN``) or in this one (``in_process``: tests).
+  In new processes (the default: a clean gin configuration each, CPU time read per
+  process), ``jobs`` at a time: a training run of these small models keeps about one
+  core busy, so two runs share a 2-core machine at nearly twice the throughput. Or in
+  this process, one after another (``in_process``: tests).
   """
 
-  def __init__(self, in_process: bool = False):
-    self.in_process = in_process
+  def __init__(self, in_process: bool = False, jobs: int = 1):
+    if not isinstance(jobs, int) or jobs < 1:
+      raise ValueError(f"Runner: jobs={jobs!r} must be a positive int")
+    self.in_process, self.jobs = in_process, jobs
 
   def __call__(self, entry_point: str, args: Sequence[str]) -> dict[str, float]:
-    """Runs the command; returns its wall and CPU seconds. Raises on failure."""
+    """Runs one command here, its output on this terminal; returns its wall and CPU
+    seconds. Raises on failure."""
+    print(f"experiment: {entry_point} {' '.join(args)}", flush=True)
     who = resource.RUSAGE_SELF if self.in_process else resource.RUSAGE_CHILDREN
     before, started = resource.getrusage(who), time.perf_counter()
-    print(f"experiment: {entry_point} {' '.join(args)}", flush=True)
     if self.in_process:
       from meshbayes import launch
 
@@ -156,6 +164,60 @@ class Runner:
     after = resource.getrusage(who)
     return {"wall_seconds": time.perf_counter() - started,
             "cpu_seconds": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)}
+
+  def all(self, commands: Sequence[tuple[str, Sequence[str], Path]]) -> list[dict[str, float]]:
+    """Runs ``(entry point, args, log file)`` commands, ``jobs`` at a time, and returns
+    each one's wall and CPU seconds, in order. With more than one job each command's
+    output goes to its log file and, line by line and prefixed, to the terminal. After a failure no new command starts;
+    the error names it and ends with its log's last lines."""
+    if self.in_process or self.jobs == 1:
+      return [self(entry_point, args) for entry_point, args, _ in commands]
+    waiting, running = list(enumerate(commands)), {}
+    costs: list[dict[str, float]] = [{} for _ in commands]
+    failure = None
+    while waiting or running:
+      while waiting and len(running) < self.jobs and failure is None:
+        index, (entry_point, args, log) = waiting.pop(0)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        print(f"experiment: {entry_point} {' '.join(args)} (output in {log})", flush=True)
+        process = subprocess.Popen([sys.executable, "-m", f"meshbayes.{entry_point}", *args],
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        copier = threading.Thread(target=_copy_output, args=(process.stdout, log, log.stem))
+        copier.start()
+        running[process.pid] = (index, process, copier, time.perf_counter())
+      if not running:
+        break
+      pid, status, usage = os.wait4(-1, 0)  # this child's own CPU time
+      if pid not in running:
+        continue
+      index, process, copier, started = running.pop(pid)
+      process.returncode = os.waitstatus_to_exitcode(status)
+      copier.join()
+      costs[index] = {"wall_seconds": time.perf_counter() - started,
+                      "cpu_seconds": usage.ru_utime + usage.ru_stime}
+      if process.returncode and failure is None:
+        entry_point, args, log = commands[index]
+        tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-5:])
+        failure = (f"meshbayes.{entry_point} failed (status {process.returncode}): "
+                   f"{' '.join(args)}; the end of {log}:\n{tail}")
+    if failure is not None:
+      raise RuntimeError(failure)
+    return costs
+
+
+# Progress bars' redraws (tqdm), kept in the log but not echoed.
+_PROGRESS_BAR = re.compile(r"\d+it \[|it/s\]|s/it\]")
+
+
+def _copy_output(stream: Any, log: Path, name: str) -> None:
+  """Writes a command's output to its log and echoes its lines, but for progress bars'
+  redraws, prefixed with ``[name]``."""
+  with stream, open(log, "w") as out:
+    for line in stream:
+      out.write(line)
+      out.flush()
+      if not _PROGRESS_BAR.search(line):
+        print(f"[{name}] {line.rstrip()}", flush=True)
 
 
 def _json(path: Path) -> dict[str, Any]:
@@ -199,23 +261,35 @@ class Experiment:
   def _gin(self, *bindings: str) -> list[str]:
     return [f"--gin.{b}" for b in (*self.bindings, *bindings)]
 
+  def _run_all(self, commands: dict[str, tuple[str, list[str]]]) -> None:
+    """Runs ``{name: (entry point, args)}`` (``runner.jobs`` at a time, each writing to
+    ``OUT/logs/<name>.log``) and adds each one's time to ``costs.json`` under its name
+    (a resumed run adds to its earlier time)."""
+    spent = self.run.all([(entry_point, args, self.out / "logs" / f"{name.replace(' ', '_')}.log")
+                          for name, (entry_point, args) in commands.items()])
+    costs = _json(self.costs_path)
+    for name, cost in zip(commands, spent):
+      previous = costs.get(name, {})
+      costs[name] = {k: previous.get(k, 0.0) + v for k, v in cost.items()}
+    _write_json(self.costs_path, costs)
+
+  def _train_args(self, gin_file: str, run_dir: Path, *bindings: str) -> list[str]:
+    budget = self.budget
+    return [f"--gin_file={gin_file}", *self._gin(
+        f"MODEL_DIR='{run_dir}'", f"TRAIN_STEPS={budget.train_steps}",
+        f"train.eval_period={budget.eval_period}",
+        f"train.checkpoint_period={budget.eval_period}", "train.keep_checkpoints=None",
+        f"train.log_period={min(budget.eval_period, 50)}", *bindings)]
+
+  def _finished(self, run_dir: Path) -> bool:
+    return (run_dir / "checkpoints" / str(self.budget.train_steps)).is_dir()
+
   def train(self) -> None:
     """Trains every run to ``train_steps`` (resuming or skipping finished ones)."""
-    costs = _json(self.costs_path)
-    budget = self.budget
-    for name, (gin_file, seed) in budget.runs.items():
-      run_dir = self.out / "runs" / name
-      if (run_dir / "checkpoints" / str(budget.train_steps)).is_dir():
-        continue
-      cost = self.run("train", [
-          f"--gin_file={gin_file}", *self._gin(
-              f"MODEL_DIR='{run_dir}'", f"TRAIN_STEPS={budget.train_steps}", f"SEED={seed}",
-              f"train.eval_period={budget.eval_period}",
-              f"train.checkpoint_period={budget.eval_period}", "train.keep_checkpoints=None",
-              f"train.log_period={min(budget.eval_period, 50)}")])
-      previous = costs.get(name, {})  # a resumed run adds to its earlier time
-      costs[name] = {k: previous.get(k, 0.0) + v for k, v in cost.items()}
-      _write_json(self.costs_path, costs)
+    self._run_all({
+        name: ("train", self._train_args(gin_file, self.out / "runs" / name, f"SEED={seed}"))
+        for name, (gin_file, seed) in self.budget.runs.items()
+        if not self._finished(self.out / "runs" / name)})
 
   def evaluations(self) -> dict[str, dict[str, Any]]:
     """``{'<method>@<checkpoint>': {'dir': ..., 'args': [...]}}`` of every evaluation."""
@@ -237,26 +311,22 @@ class Experiment:
 
   def evaluate(self) -> dict[str, Path]:
     """Evaluates every method at each checkpoint; returns their result directories."""
-    budget = self.budget
-    results = {}
-    costs = _json(self.costs_path)
+    budget, results, commands = self.budget, {}, {}
     for key, spec in self.evaluations().items():
       result_dir = self.out / "eval" / key.replace("@", "_")
       results[key] = result_dir
-      if (result_dir / "metrics.json").is_file():
-        continue
-      costs[f"eval {key}"] = self.run("eval", [
-          "--gin_file=runs/eval.gin", f"--gin_file={budget.task_gin}", *self._gin(
-              f"MODEL_DIR='{self.out / 'runs' / spec['run']}'", "BATCH_SIZE=64",
-              "evaluate.split='test'", f"evaluate.checkpoint_step={spec['step']}",
-              f"evaluate.num_samples={budget.num_samples}",
-              f"data.TaskData.max_eval_batches={budget.eval_batches}",
-              f"evaluate.max_ood_examples={budget.ood_examples}",
-              f"evaluate.decode_method='{budget.decode_method}'",
-              f"evaluate.output_dir='{result_dir}'", *spec["extra"])])
-      _write_json(self.costs_path, costs)
+      if not (result_dir / "metrics.json").is_file():
+        commands[f"eval {key}"] = ("eval", [
+            "--gin_file=runs/eval.gin", f"--gin_file={budget.task_gin}", *self._gin(
+                f"MODEL_DIR='{self.out / 'runs' / spec['run']}'", "BATCH_SIZE=64",
+                "evaluate.split='test'", f"evaluate.checkpoint_step={spec['step']}",
+                f"evaluate.num_samples={budget.num_samples}",
+                f"data.TaskData.max_eval_batches={budget.eval_batches}",
+                f"evaluate.max_ood_examples={budget.ood_examples}",
+                f"evaluate.decode_method='{budget.decode_method}'",
+                f"evaluate.output_dir='{result_dir}'", *spec["extra"])])
+    self._run_all(commands)
     return results
-
 
   def tune(self, method: str, binding: str, values: Sequence[str]) -> Path:
     """Trains ``method``'s recipe with ``binding`` at each of ``values`` and evaluates each
@@ -266,27 +336,25 @@ class Experiment:
     if method not in RECIPES:
       raise ValueError(f"tune: method={method!r} must be one of {', '.join(RECIPES)} (MC "
                        "dropout and the ensemble take the deterministic run's settings)")
-    budget, costs = self.budget, _json(self.costs_path)
+    budget = self.budget
+    run_dirs = {value: self.out / "tuning" / method / value for value in values}
+    names = {value: f"tune {method} {binding}={value}" for value in values}
+    self._run_all({names[value]: ("train", self._train_args(RECIPES[method], run_dir,
+                                                            f"{binding}={value}"))
+                   for value, run_dir in run_dirs.items() if not self._finished(run_dir)})
+    self._run_all({f"{names[value]} eval": ("eval", [
+        "--gin_file=runs/eval.gin", f"--gin_file={budget.task_gin}", *self._gin(
+            f"MODEL_DIR='{run_dir}'", "BATCH_SIZE=64", "evaluate.split='validation'",
+            "evaluate.decode=False", f"evaluate.num_samples={budget.num_samples}",
+            "data.TaskData.max_eval_batches=None",
+            f"evaluate.output_dir='{run_dir / 'eval_validation'}'")])
+        for value, run_dir in run_dirs.items()
+        if not (run_dir / "eval_validation" / "metrics.json").is_file()})
+    costs = _json(self.costs_path)
     rows = ["| " + binding + " | validation NLL | validation token ECE (%) | "
             "best step (posterior-mean NLL) | CPU minutes |", "|---|---|---|---|---|"]
-    for value in values:
-      run_dir = self.out / "tuning" / method / value
-      name = f"tune {method} {binding}={value}"
-      if not (run_dir / "checkpoints" / str(budget.train_steps)).is_dir():
-        costs[name] = self.run("train", [f"--gin_file={RECIPES[method]}", *self._gin(
-            f"MODEL_DIR='{run_dir}'", f"TRAIN_STEPS={budget.train_steps}",
-            f"train.eval_period={budget.eval_period}",
-            f"train.checkpoint_period={budget.eval_period}",
-            f"train.log_period={min(budget.eval_period, 50)}", f"{binding}={value}")])
-        _write_json(self.costs_path, costs)
-      result_dir = run_dir / "eval_validation"
-      if not (result_dir / "metrics.json").is_file():
-        self.run("eval", ["--gin_file=runs/eval.gin", f"--gin_file={budget.task_gin}",
-                          *self._gin(f"MODEL_DIR='{run_dir}'", "BATCH_SIZE=64",
-                                     "evaluate.split='validation'", "evaluate.decode=False",
-                                     f"evaluate.num_samples={budget.num_samples}",
-                                     "data.TaskData.max_eval_batches=None",
-                                     f"evaluate.output_dir='{result_dir}'")])
+    for value, run_dir in run_dirs.items():
+      name, result_dir = names[value], run_dir / "eval_validation"
       result = json.loads((result_dir / "metrics.json").read_text())
       headline = result["token_calibration"][result["predictives"][0]]
       curve = validation_curve(run_dir)
@@ -312,6 +380,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--tune", metavar="METHOD", help="instead: tune METHOD over --grid")
   parser.add_argument("--grid", metavar="NAME=V1,V2,...",
                       help="the gin binding --tune varies, e.g. optimizers.KLWeight.value=1,0.1")
+  parser.add_argument("--jobs", type=int, default=2,
+                      help="commands run at once, each in its own process (default 2: a "
+                           "2-core machine; each writes OUT/logs/<name>.log)")
   parser.add_argument("--in_process", action="store_true",
                       help="run the commands in this process (tests)")
   args = parser.parse_args(argv)
@@ -325,7 +396,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   except ValueError as error:
     parser.error(str(error))
   args.out.mkdir(parents=True, exist_ok=True)
-  experiment = Experiment(budget, args.out, Runner(args.in_process), args.binding)
+  if args.jobs < 1:
+    parser.error(f"--jobs={args.jobs} must be at least 1")
+  experiment = Experiment(budget, args.out, Runner(args.in_process, args.jobs), args.binding)
   _write_json(args.out / "budget.json", {"preset": args.preset, **dataclasses.asdict(budget),
                                          "bindings": experiment.bindings})
   try:

@@ -158,3 +158,17 @@ def test_layer_kinds_of_the_transformers_weights():
   assert experiment_report.layer_kind("token_embedder/embedding") == "embedding"
   assert experiment_report.layer_kind("decoder/layers/pre_cross_attention_norm/scale") == "norm"
   assert experiment_report.layer_kind("decoder/relpos_bias/rel_embedding") == "relative_positions"
+
+
+def test_parallel_commands_report_their_own_time_and_a_failure_names_its_log(tmp_path):
+  runner = experiment.Runner(jobs=2)
+  costs = runner.all([("train", ["--help"], tmp_path / "a.log"),
+                      ("eval", ["--help"], tmp_path / "b.log")])
+  assert [c["cpu_seconds"] > 0 and c["wall_seconds"] > 0 for c in costs] == [True, True]
+  assert "usage" in (tmp_path / "a.log").read_text().lower()
+  with pytest.raises(RuntimeError, match=r"(?s)meshbayes.train failed \(status 1\).*"
+                                         r"nonexistent.gin' not found"):
+    runner.all([("train", ["--gin_file=nonexistent.gin"], tmp_path / "c.log"),
+                ("eval", ["--help"], tmp_path / "d.log")])
+  with pytest.raises(ValueError, match="jobs=0 must be a positive int"):
+    experiment.Runner(jobs=0)
