@@ -421,8 +421,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.publish.mkdir(parents=True, exist_ok=True)
     for path in args.out.glob("report*"):
       shutil.copy(path, args.publish / path.name)
-    for path in (args.out / "figures").glob("*.png"):
-      shutil.copy(path, args.publish / path.name)
+    (args.publish / "figures").mkdir(exist_ok=True)
+    for path in (args.out / "figures").glob("*.png"):  # where report.md links them
+      shutil.copy(path, args.publish / "figures" / path.name)
   return 0
 
 
