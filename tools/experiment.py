@@ -281,6 +281,12 @@ class Experiment:
         f"train.checkpoint_period={budget.eval_period}", "train.keep_checkpoints=None",
         f"train.log_period={min(budget.eval_period, 50)}", *bindings)]
 
+  def _eval_args(self, run_dir: Path, result_dir: Path, *bindings: str) -> list[str]:
+    budget = self.budget
+    return ["--gin_file=runs/eval.gin", f"--gin_file={budget.task_gin}", *self._gin(
+        f"MODEL_DIR='{run_dir}'", "BATCH_SIZE=64", f"evaluate.num_samples={budget.num_samples}",
+        f"evaluate.output_dir='{result_dir}'", *bindings)]
+
   def _finished(self, run_dir: Path) -> bool:
     return (run_dir / "checkpoints" / str(self.budget.train_steps)).is_dir()
 
@@ -316,15 +322,12 @@ class Experiment:
       result_dir = self.out / "eval" / key.replace("@", "_")
       results[key] = result_dir
       if not (result_dir / "metrics.json").is_file():
-        commands[f"eval {key}"] = ("eval", [
-            "--gin_file=runs/eval.gin", f"--gin_file={budget.task_gin}", *self._gin(
-                f"MODEL_DIR='{self.out / 'runs' / spec['run']}'", "BATCH_SIZE=64",
-                "evaluate.split='test'", f"evaluate.checkpoint_step={spec['step']}",
-                f"evaluate.num_samples={budget.num_samples}",
-                f"data.TaskData.max_eval_batches={budget.eval_batches}",
-                f"evaluate.max_ood_examples={budget.ood_examples}",
-                f"evaluate.decode_method='{budget.decode_method}'",
-                f"evaluate.output_dir='{result_dir}'", *spec["extra"])])
+        commands[f"eval {key}"] = ("eval", self._eval_args(
+            self.out / "runs" / spec["run"], result_dir, "evaluate.split='test'",
+            f"evaluate.checkpoint_step={spec['step']}",
+            f"data.TaskData.max_eval_batches={budget.eval_batches}",
+            f"evaluate.max_ood_examples={budget.ood_examples}",
+            f"evaluate.decode_method='{budget.decode_method}'", *spec["extra"]))
     self._run_all(commands)
     return results
 
@@ -342,12 +345,9 @@ class Experiment:
     self._run_all({names[value]: ("train", self._train_args(RECIPES[method], run_dir,
                                                             f"{binding}={value}"))
                    for value, run_dir in run_dirs.items() if not self._finished(run_dir)})
-    self._run_all({f"{names[value]} eval": ("eval", [
-        "--gin_file=runs/eval.gin", f"--gin_file={budget.task_gin}", *self._gin(
-            f"MODEL_DIR='{run_dir}'", "BATCH_SIZE=64", "evaluate.split='validation'",
-            "evaluate.decode=False", f"evaluate.num_samples={budget.num_samples}",
-            "data.TaskData.max_eval_batches=None",
-            f"evaluate.output_dir='{run_dir / 'eval_validation'}'")])
+    self._run_all({f"{names[value]} eval": ("eval", self._eval_args(
+        run_dir, run_dir / "eval_validation", "evaluate.split='validation'",
+        "evaluate.decode=False", "data.TaskData.max_eval_batches=None"))
         for value, run_dir in run_dirs.items()
         if not (run_dir / "eval_validation" / "metrics.json").is_file()})
     costs = _json(self.costs_path)
@@ -396,9 +396,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   except ValueError as error:
     parser.error(str(error))
   args.out.mkdir(parents=True, exist_ok=True)
-  if args.jobs < 1:
-    parser.error(f"--jobs={args.jobs} must be at least 1")
-  experiment = Experiment(budget, args.out, Runner(args.in_process, args.jobs), args.binding)
+  try:
+    runner = Runner(args.in_process, args.jobs)
+  except ValueError as error:
+    parser.error(str(error))
+  experiment = Experiment(budget, args.out, runner, args.binding)
   _write_json(args.out / "budget.json", {"preset": args.preset, **dataclasses.asdict(budget),
                                          "bindings": experiment.bindings})
   try:
