@@ -15,7 +15,9 @@ Sections (``--sections``, default all):
   the Bayesian step costs exactly its extra arithmetic). FLOPs are counted in
   the compiled programs with every loop iteration (``meshbayes.scaling.hlo``):
   ``flop_ratio`` counts every operation as XLA does, ``matmul_flop_ratio``
-  matmuls alone.
+  matmuls alone. With ``--step_ivon_ablations``, also IVON's step without its
+  noise draw (zeros) and without its posterior-stddev metrics, compiled for
+  measurement only: where IVON's excess over AdamW goes.
 - ``layers``: forward + backward of one Dense layer per estimator
   (deterministic, reparameterization, Flipout, local reparameterization):
   loss = sum of outputs + KL, its value and the gradients of every
@@ -68,6 +70,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -77,7 +80,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from meshbayes import layers
+from meshbayes import ivon, layers, train_step
 
 SECTIONS = ("step", "layers", "pipeline", "decode", "trainer", "resume")
 
@@ -116,6 +119,17 @@ def compiled_train_step(spec: Any, partitioner: Any, batch: dict[str, Any]) -> t
   return state, compiled
 
 
+# IVON's step with one kind of its extra work taken out while it is traced (measurement
+# only: nothing is trained so): its noise drawn as zeros; its posterior-stddev metrics.
+IVON_ABLATIONS = {
+    "ivon_without_noise": lambda: mock.patch.object(
+        ivon.IVON, "noise", lambda config, state, index: jax.tree.map(jnp.zeros_like,
+                                                                      state.hessian)),
+    "ivon_without_stddev_metrics": lambda: mock.patch.object(
+        train_step, "posterior_stddev_metrics", lambda stddevs: {}),
+}
+
+
 def bench_step(args: argparse.Namespace) -> dict[str, Any]:
   from meshbayes.scaling import hlo
   from meshbayes.scaling.aot import StepSpec
@@ -128,6 +142,8 @@ def bench_step(args: argparse.Namespace) -> dict[str, Any]:
   # learned by the optimizer on the deterministic model.
   kinds = {"deterministic": (True, "adamw"), "bayesian": (False, "adamw"),
            "ivon": (True, "ivon")}
+  if args.step_ivon_ablations:
+    kinds.update({name: (True, "ivon") for name in IVON_ABLATIONS})
   for estimators, (deterministic, optimizer) in kinds.items():
     spec = StepSpec(model=args.step_model, deterministic=deterministic, optimizer=optimizer,
                     batch_size=args.step_batch, input_length=args.step_length,
@@ -138,7 +154,8 @@ def bench_step(args: argparse.Namespace) -> dict[str, Any]:
     batch = {name: jnp.asarray(rng.integers(1, vocab, size=shape), jnp.int32)
              for name, shape in shapes.items()}
     batch["decoder_loss_weights"] = jnp.ones(shapes["decoder_loss_weights"], jnp.int32)
-    states[estimators], compiled = compiled_train_step(spec, partitioner, batch)
+    with IVON_ABLATIONS.get(estimators, contextlib.nullcontext)():
+      states[estimators], compiled = compiled_train_step(spec, partitioner, batch)
     summary = hlo.analyze(compiled.as_text())
     flops[estimators] = {"matmul": summary.matmul_flops, "all": summary.flops}
 
@@ -157,6 +174,8 @@ def bench_step(args: argparse.Namespace) -> dict[str, Any]:
           "matmul_efficiency_quotient": time_ratio / ratio("matmul"),
           "ivon_time_ratio": times["ivon"] / times["deterministic"],
           "ivon_flop_ratio": flops["ivon"]["all"] / flops["deterministic"]["all"],
+          **{f"{name}_time_ratio": times[name] / times["deterministic"]
+             for name in IVON_ABLATIONS if name in times},
           "goal": "efficiency_quotient <= 1.05, ivon_time_ratio <= 1.10"}
 
 
@@ -502,6 +521,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   parser.add_argument("--step_batch", type=int, default=16)
   parser.add_argument("--step_length", type=int, default=64)
   parser.add_argument("--step_rounds", type=int, default=3)
+  parser.add_argument("--step_ivon_ablations", action="store_true",
+                      help="also time IVON's step without its noise draw and without its "
+                           "posterior-stddev metrics (where its excess over AdamW goes)")
   parser.add_argument("--rows", type=int, default=2048)
   parser.add_argument("--in_features", type=int, default=1024)
   parser.add_argument("--out_features", type=int, default=4096)

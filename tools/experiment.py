@@ -36,7 +36,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -165,13 +165,21 @@ class Runner:
     return {"wall_seconds": time.perf_counter() - started,
             "cpu_seconds": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)}
 
-  def all(self, commands: Sequence[tuple[str, Sequence[str], Path]]) -> list[dict[str, float]]:
+  def all(self, commands: Sequence[tuple[str, Sequence[str], Path]],
+          done: Callable[[int, dict[str, float]], None] = lambda index, cost: None
+          ) -> list[dict[str, float]]:
     """Runs ``(entry point, args, log file)`` commands, ``jobs`` at a time, and returns
-    each one's wall and CPU seconds, in order. With more than one job each command's
-    output goes to its log file and, line by line and prefixed, to the terminal. After a failure no new command starts;
-    the error names it and ends with its log's last lines."""
+    each one's wall and CPU seconds, in order; ``done(index, seconds)`` is called as each
+    succeeds, so a later failure loses no one's time. With more than one job each
+    command's output goes to its log file and, line by line and prefixed, to the
+    terminal. After a failure no new command starts; the error names it and ends with
+    its log's last lines."""
     if self.in_process or self.jobs == 1:
-      return [self(entry_point, args) for entry_point, args, _ in commands]
+      costs = []
+      for index, (entry_point, args, _) in enumerate(commands):
+        costs.append(self(entry_point, args))
+        done(index, costs[-1])
+      return costs
     waiting, running = list(enumerate(commands)), {}
     costs: list[dict[str, float]] = [{} for _ in commands]
     failure = None
@@ -195,7 +203,9 @@ class Runner:
       copier.join()
       costs[index] = {"wall_seconds": time.perf_counter() - started,
                       "cpu_seconds": usage.ru_utime + usage.ru_stime}
-      if process.returncode and failure is None:
+      if not process.returncode:
+        done(index, costs[index])
+      elif failure is None:
         entry_point, args, log = commands[index]
         tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-5:])
         failure = (f"meshbayes.{entry_point} failed (status {process.returncode}): "
@@ -264,14 +274,17 @@ class Experiment:
   def _run_all(self, commands: dict[str, tuple[str, list[str]]]) -> None:
     """Runs ``{name: (entry point, args)}`` (``runner.jobs`` at a time, each writing to
     ``OUT/logs/<name>.log``) and adds each one's time to ``costs.json`` under its name
-    (a resumed run adds to its earlier time)."""
-    spent = self.run.all([(entry_point, args, self.out / "logs" / f"{name.replace(' ', '_')}.log")
-                          for name, (entry_point, args) in commands.items()])
-    costs = _json(self.costs_path)
-    for name, cost in zip(commands, spent):
-      previous = costs.get(name, {})
-      costs[name] = {k: previous.get(k, 0.0) + v for k, v in cost.items()}
-    _write_json(self.costs_path, costs)
+    (a resumed run adds to its earlier time), as each one finishes."""
+    names = list(commands)
+
+    def record(index: int, cost: dict[str, float]) -> None:
+      costs = _json(self.costs_path)
+      previous = costs.get(names[index], {})
+      costs[names[index]] = {k: previous.get(k, 0.0) + v for k, v in cost.items()}
+      _write_json(self.costs_path, costs)
+
+    self.run.all([(entry_point, args, self.out / "logs" / f"{name.replace(' ', '_')}.log")
+                  for name, (entry_point, args) in commands.items()], record)
 
   def _train_args(self, gin_file: str, run_dir: Path, *bindings: str) -> list[str]:
     budget = self.budget
@@ -289,6 +302,33 @@ class Experiment:
 
   def _finished(self, run_dir: Path) -> bool:
     return (run_dir / "checkpoints" / str(self.budget.train_steps)).is_dir()
+
+  def reuse(self, name: str, run_dir: Path) -> None:
+    """Takes ``run_dir``, a finished run of run ``name``'s recipe and seed trained
+    elsewhere (the tuning grid's chosen run), as that run: copies it into ``OUT/runs/``
+    and, from its experiment's ``costs.json``, its training time."""
+    if name not in self.budget.runs:
+      raise ValueError(f"--reuse {name}={run_dir}: {name!r} must be one of "
+                       f"{', '.join(self.budget.runs)}")
+    target = self.out / "runs" / name
+    if self._finished(target):
+      return
+    seed = self.budget.runs[name][1]
+    config = run_dir / "config.gin"
+    if not self._finished(run_dir) or f"SEED = {seed}\n" not in config.read_text():
+      raise ValueError(f"--reuse {name}={run_dir}: must be a run trained to "
+                       f"{self.budget.train_steps} steps with SEED = {seed} ({config})")
+    shutil.copytree(run_dir, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns(
+        "RUN_LOCK", "eval_validation"))
+    tuning_costs = _json(run_dir.parents[2] / "costs.json")
+    grid_name = f"tune {run_dir.parent.name} "
+    spent = [cost for key, cost in tuning_costs.items()
+             if key.startswith(grid_name) and key.endswith(f"={run_dir.name}")]
+    if spent:
+      costs = _json(self.costs_path)
+      costs[name] = spent[0]
+      _write_json(self.costs_path, costs)
+    print(f"experiment: run {name} is {run_dir} (copied)", flush=True)
 
   def train(self) -> None:
     """Trains every run to ``train_steps`` (resuming or skipping finished ones)."""
@@ -316,11 +356,15 @@ class Experiment:
     return found
 
   def evaluate(self) -> dict[str, Path]:
-    """Evaluates every method at each checkpoint; returns their result directories."""
-    budget, results, commands = self.budget, {}, {}
+    """Evaluates every method at each checkpoint; returns their result directories. A
+    best checkpoint that is the final one is evaluated once (its result is the final's)."""
+    budget, results, commands, evaluated = self.budget, {}, {}, {}
     for key, spec in self.evaluations().items():
-      result_dir = self.out / "eval" / key.replace("@", "_")
-      results[key] = result_dir
+      same = (spec["run"], spec["step"], tuple(spec["extra"]))
+      if same in evaluated:  # a best checkpoint that is the final one
+        results[key] = evaluated[same]
+        continue
+      result_dir = evaluated[same] = results[key] = self.out / "eval" / key.replace("@", "_")
       if not (result_dir / "metrics.json").is_file():
         commands[f"eval {key}"] = ("eval", self._eval_args(
             self.out / "runs" / spec["run"], result_dir, "evaluate.split='test'",
@@ -383,6 +427,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--jobs", type=int, default=2,
                       help="commands run at once, each in its own process (default 2: a "
                            "2-core machine; each writes OUT/logs/<name>.log)")
+  parser.add_argument("--reuse", action="append", default=[], metavar="RUN=DIR",
+                      help="take DIR, a finished run with RUN's recipe and seed (the tuning "
+                           "grid's chosen run, e.g. deterministic=runs/tuning/tuning/"
+                           "deterministic/0.1), as run RUN instead of training it again")
   parser.add_argument("--in_process", action="store_true",
                       help="run the commands in this process (tests)")
   args = parser.parse_args(argv)
@@ -410,6 +458,9 @@ def main(argv: Sequence[str] | None = None) -> int:
       binding, values = args.grid.split("=", 1)
       print(experiment.tune(args.tune, binding, values.split(",")).read_text())
       return 0
+    for reused in args.reuse:
+      name, _, run_dir = reused.partition("=")
+      experiment.reuse(name, Path(run_dir))
     experiment.train()
     results = experiment.evaluate()
   except (RuntimeError, ValueError) as error:  # the command printed its own one-line error

@@ -109,18 +109,18 @@ def _columns(results: Mapping[str, Path], checkpoint: str):
 def _cost_rows(results: Mapping[str, Path], checkpoint: str, runs: Path, costs: dict,
                cols) -> list[str]:
   """Rows of each column's training cost: step time against the deterministic run's, and
-  the CPU time of every run it needed."""
+  the CPU time of every run it needed ("-" where one's time was not recorded)."""
   base = step_seconds(runs / "deterministic") if (runs / "deterministic").is_dir() else None
   ratios, cpu = [], []
   for title, run_metrics, _, _ in cols:
     method = next(m for m, names in COLUMNS.items() if title.split(" (")[0] in names.values())
-    names = ({"ensemble": [n for n in costs if n.startswith("deterministic")]}
+    names = ({"ensemble": sorted(p.name for p in runs.glob("deterministic*"))}
              .get(method, ["deterministic" if method in ("mc_dropout", "deterministic")
                            else method]))
-    names = [n for n in names if not n.startswith("eval ")]
     seconds = step_seconds(runs / names[0])
     ratios.append(f"{seconds / base:.2f}" if base else "-")
-    cpu.append(f"{sum(costs.get(n, {}).get('cpu_seconds', 0.0) for n in names) / 60:.0f}")
+    recorded = [costs[n]["cpu_seconds"] for n in names if "cpu_seconds" in costs.get(n, {})]
+    cpu.append(f"{sum(recorded) / 60:.0f}" if len(recorded) == len(names) else "-")
   return [f"| training step time / deterministic | {' | '.join(ratios)} |",
           f"| training CPU minutes (all runs it needs) | {' | '.join(cpu)} |"]
 

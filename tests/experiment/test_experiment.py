@@ -130,6 +130,57 @@ def test_an_experiment_resumes_without_redoing_anything(toy, capsys):
   assert "experiment: eval" not in capsys.readouterr().out
 
 
+def test_a_tuned_run_is_reused_as_the_experiments_run_not_trained_again(data_dir, tmp_path,
+                                                                       capsys):
+  """Tuning writes its table; the chosen run, same recipe and seed, then stands in for the
+  experiment's run (copied, with its training time); a run of another seed is refused."""
+  tuning = tmp_path / "tuning"
+  _run_toy(data_dir, tuning, "--tune=deterministic",
+           "--grid=models.TransformerConfig.dropout_rate=0.1")
+  assert "| 0.1 |" in (tuning / "tuning_deterministic.md").read_text()
+  chosen = tuning / "tuning" / "deterministic" / "0.1"
+  capsys.readouterr()
+  out, _ = _run_toy(data_dir, tmp_path / "experiment", "--methods=deterministic",
+                    f"--reuse=deterministic={chosen}")
+  printed = capsys.readouterr().out
+  assert "experiment: train" not in printed and "experiment: eval" in printed
+  assert experiment.validation_curve(out / "runs" / "deterministic") == \
+      experiment.validation_curve(chosen)
+  tuned_cost = json.loads((tuning / "costs.json").read_text())[
+      "tune deterministic models.TransformerConfig.dropout_rate=0.1"]
+  assert json.loads((out / "costs.json").read_text())["deterministic"] == tuned_cost
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv("MESHBAYES_DATA_DIR", str(data_dir))
+    assert experiment.main(["--preset=toy", f"--out={tmp_path / 'other'}", "--in_process",
+                            "--methods=ensemble",
+                            f"--reuse=deterministic_seed1={chosen}"]) == 1
+  assert "with SEED = 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("curve, evaluated", [
+    ({2: 3.0, 4: 2.5}, ["eval deterministic@final"]),  # the best is the final checkpoint
+    ({2: 2.5, 4: 3.0}, ["eval deterministic@final", "eval deterministic@best"]),
+])
+def test_a_best_checkpoint_that_is_the_final_one_is_evaluated_once(tmp_path, curve, evaluated):
+  run = tmp_path / "runs" / "deterministic"
+  (run / "eval").mkdir(parents=True)
+  for step in curve:
+    (run / "checkpoints" / str(step)).mkdir(parents=True)
+  (run / "eval" / "metrics.jsonl").write_text(
+      "".join(json.dumps({"step": s, "nll": nll}) + "\n" for s, nll in curve.items()))
+
+  class Recorder:
+    def all(self, commands, done):
+      self.names = [log.stem.replace("_", " ") for _, _, log in commands]
+      return []
+
+  runner = Recorder()
+  budget = experiment.Budget(train_steps=4, eval_period=2, methods=("deterministic",))
+  results = experiment.Experiment(budget, tmp_path, runner).evaluate()
+  assert runner.names == evaluated
+  assert (results["deterministic@best"] == results["deterministic@final"]) == (len(evaluated) == 1)
+
+
 def test_best_step_reads_the_trainers_validation_log(tmp_path):
   (tmp_path / "eval").mkdir()
   rows = [{"step": 100, "nll": 3.0}, {"step": 200, "nll": 2.5}, {"step": 300, "nll": 2.5},
@@ -166,9 +217,12 @@ def test_parallel_commands_report_their_own_time_and_a_failure_names_its_log(tmp
                       ("eval", ["--help"], tmp_path / "b.log")])
   assert [c["cpu_seconds"] > 0 and c["wall_seconds"] > 0 for c in costs] == [True, True]
   assert "usage" in (tmp_path / "a.log").read_text().lower()
+  finished = []  # each success is reported as it ends: a failure beside it loses no time
   with pytest.raises(RuntimeError, match=r"(?s)meshbayes.train failed \(status 1\).*"
                                          r"nonexistent.gin' not found"):
     runner.all([("train", ["--gin_file=nonexistent.gin"], tmp_path / "c.log"),
-                ("eval", ["--help"], tmp_path / "d.log")])
+                ("eval", ["--help"], tmp_path / "d.log")],
+               lambda index, cost: finished.append((index, cost["cpu_seconds"] > 0)))
+  assert finished == [(1, True)]
   with pytest.raises(ValueError, match="jobs=0 must be a positive int"):
     experiment.Runner(jobs=0)

@@ -11,7 +11,7 @@ from meshbayes.tools import bench
 def test_every_section_reports_its_ratios(tmp_path):
   out = tmp_path / "bench.json"
   report = bench.main(["--rounds=1", "--step_model=tiny", "--step_batch=2", "--step_length=8",
-                       "--step_rounds=1", "--rows=16", "--in_features=32", "--out_features=64",
+                       "--step_rounds=1", "--step_ivon_ablations", "--rows=16", "--in_features=32", "--out_features=64",
                        "--prng_impls=default", "--no-jax_noise", "--pipeline_seconds=0.3",
                        "--pipeline_tasks=synthetic_reverse", "--decode_samples=2",
                        "--decode_length=4", "--decode_batch=4", "--resume_task=synthetic_reverse",
@@ -24,6 +24,11 @@ def test_every_section_reports_its_ratios(tmp_path):
   # IVON's step: AdamW's matmuls on the same model (the noise and updates are elementwise).
   assert step["flops"]["ivon"]["matmul"] == step["flops"]["deterministic"]["matmul"]
   assert step["ivon_time_ratio"] == step["seconds"]["ivon"] / step["seconds"]["deterministic"]
+  # The ablations take work out of IVON's program, and only while it is traced.
+  assert step["flops"]["ivon_without_noise"]["all"] < step["flops"]["ivon"]["all"]
+  assert step["flops"]["ivon_without_stddev_metrics"]["all"] < step["flops"]["ivon"]["all"]
+  assert set(step) >= {"ivon_without_noise_time_ratio", "ivon_without_stddev_metrics_time_ratio"}
+  assert bench.ivon.IVON.noise.__name__ == "noise"
   layers = report["layers"]["default"]
   # The compiled programs' matmul floors: one extra matmul per Flipout / LR layer.
   assert abs(layers["matmul_flop_ratio"]["flipout"] - 2.0) < 0.01
