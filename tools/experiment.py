@@ -306,7 +306,9 @@ class Experiment:
   def reuse(self, name: str, run_dir: Path) -> None:
     """Takes ``run_dir``, a finished run of run ``name``'s recipe and seed trained
     elsewhere (the tuning grid's chosen run), as that run: copies it into ``OUT/runs/``
-    and, from its experiment's ``costs.json``, its training time."""
+    and, from its experiment's ``costs.json``, its training time. Checked: ``name`` is a
+    run of this budget, ``run_dir`` finished its steps with that run's seed; that it was
+    trained from ``name``'s recipe is the caller's word."""
     if name not in self.budget.runs:
       raise ValueError(f"--reuse {name}={run_dir}: {name!r} must be one of "
                        f"{', '.join(self.budget.runs)}")

@@ -130,6 +130,29 @@ def test_an_experiment_resumes_without_redoing_anything(toy, capsys):
   assert "experiment: eval" not in capsys.readouterr().out
 
 
+def test_reuse_copies_a_finished_run_of_the_same_seed_with_its_time(tmp_path):
+  chosen = tmp_path / "tuning" / "tuning" / "deterministic" / "0.1"
+  (chosen / "checkpoints" / "4").mkdir(parents=True)
+  (chosen / "config.gin").write_text("MODEL_DIR = 'x'\nSEED = 0\n")
+  (chosen / "RUN_LOCK").write_text("")
+  cost = {"wall_seconds": 2.0, "cpu_seconds": 3.0}
+  (tmp_path / "tuning" / "costs.json").write_text(json.dumps(
+      {"tune deterministic models.TransformerConfig.dropout_rate=0.1": cost}))
+  budget = experiment.Budget(train_steps=4, eval_period=2, ensemble_size=2,
+                             methods=("deterministic", "ensemble"))
+  run = experiment.Experiment(budget, tmp_path / "out", experiment.Runner(in_process=True))
+  (tmp_path / "out").mkdir()
+  run.reuse("deterministic", chosen)
+  copied = tmp_path / "out" / "runs" / "deterministic"
+  assert (copied / "checkpoints" / "4").is_dir() and not (copied / "RUN_LOCK").exists()
+  assert json.loads((tmp_path / "out" / "costs.json").read_text())["deterministic"] == cost
+  with pytest.raises(ValueError, match="with SEED = 1"):
+    run.reuse("deterministic_seed1", chosen)
+  with pytest.raises(ValueError, match="'ivon' must be one of deterministic, deterministic_seed1"):
+    run.reuse("ivon", chosen)
+
+
+@pytest.mark.slow
 def test_a_tuned_run_is_reused_as_the_experiments_run_not_trained_again(data_dir, tmp_path,
                                                                        capsys):
   """Tuning writes its table; the chosen run, same recipe and seed, then stands in for the
