@@ -317,12 +317,14 @@ class Experiment:
       return
     seed = self.budget.runs[name][1]
     config = run_dir / "config.gin"
-    if not self._finished(run_dir) or f"SEED = {seed}\n" not in config.read_text():
+    if (not self._finished(run_dir) or not config.is_file()
+        or f"SEED = {seed}\n" not in config.read_text()):
       raise ValueError(f"--reuse {name}={run_dir}: must be a run trained to "
                        f"{self.budget.train_steps} steps with SEED = {seed} ({config})")
     shutil.copytree(run_dir, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns(
         "RUN_LOCK", "eval_validation"))
-    tuning_costs = _json(run_dir.parents[2] / "costs.json")
+    # A grid's run is OUT/tuning/<method>/<value>; its time is in OUT/costs.json.
+    tuning_costs = _json(run_dir.parents[2] / "costs.json") if len(run_dir.parents) > 2 else {}
     grid_name = f"tune {run_dir.parent.name} "
     spent = [cost for key, cost in tuning_costs.items()
              if key.startswith(grid_name) and key.endswith(f"={run_dir.name}")]

@@ -148,6 +148,8 @@ def test_reuse_copies_a_finished_run_of_the_same_seed_with_its_time(tmp_path):
   assert json.loads((tmp_path / "out" / "costs.json").read_text())["deterministic"] == cost
   with pytest.raises(ValueError, match="with SEED = 1"):
     run.reuse("deterministic_seed1", chosen)
+  with pytest.raises(ValueError, match="must be a run trained to 4 steps"):
+    run.reuse("deterministic_seed1", tmp_path / "missing")
   with pytest.raises(ValueError, match="'ivon' must be one of deterministic, deterministic_seed1"):
     run.reuse("ivon", chosen)
 
