@@ -41,7 +41,9 @@ Sections (``--sections``, default all):
   for each preset of ``--trainer_models`` at ``--step_batch`` x
   ``--step_length`` tokens (vocabulary 128, the task's, padded). Goal:
   ``overhead`` = trainer / bare - 1 at most 3%: metrics stay on the device
-  between logging steps, so the host dispatches ahead.
+  between logging steps, so the host dispatches ahead. ``input_seconds``: the
+  trainer's host-side input alone (the batch read and placed), per step: on a
+  CPU it runs on the cores the step uses, so it is the overhead's floor there.
 - ``resume``: seconds from opening the input to the end of the first train
   step when a run of ``--resume_task``'s demo resumes at step
   ``--resume_step``: with the input's position restored from the
@@ -403,6 +405,7 @@ def trainer_against_bare_step(model_name: str, num_steps: int, batch_size: int, 
   import tempfile
   from meshbayes import trainer
   from meshbayes.data import TaskData
+  from meshbayes.host_input import HostInput
   from meshbayes.partitioning import Partitioner
   from meshbayes.scaling.aot import StepSpec, build_steps
 
@@ -427,9 +430,10 @@ def trainer_against_bare_step(model_name: str, num_steps: int, batch_size: int, 
     jax.block_until_ready(metrics)
     return (time.perf_counter() - start) / num_steps
 
+  data = TaskData(task="synthetic_reverse", feature_lengths={"inputs": length,
+                  "targets": length}, batch_size=batch_size)
+
   def trained() -> float:
-    data = TaskData(task="synthetic_reverse", feature_lengths={"inputs": length,
-                    "targets": length}, batch_size=batch_size)
     with tempfile.TemporaryDirectory() as model_dir:
       # Step 1 compiles; steps 2..num_steps + 1 are the logged window.
       trainer.train(model_dir=model_dir, model=build_steps(spec)[0], data=data,
@@ -439,16 +443,27 @@ def trainer_against_bare_step(model_name: str, num_steps: int, batch_size: int, 
       logged = json.loads((Path(model_dir) / "metrics.jsonl").read_text().splitlines()[0])
     return logged["step_seconds"]
 
+  def host_input() -> float:
+    layout = partitioner.data_layout(batch_size)
+    batches = HostInput(data, layout, layout.num_shards).train_batches()
+    jax.block_until_ready(partitioner.global_batch(next(batches)))
+    start = time.perf_counter()
+    for _ in range(num_steps):
+      jax.block_until_ready(partitioner.global_batch(next(batches)))  # as the trainer's loop
+    return (time.perf_counter() - start) / num_steps
+
   # Alternating, fastest of each (load only adds time).
-  times: dict[str, list[float]] = {"trainer": [], "bare": []}
+  times: dict[str, list[float]] = {"trainer": [], "bare": [], "input": []}
   for _ in range(rounds):
     times["bare"].append(bare())
     with contextlib.redirect_stdout(sys.stderr):  # the JSON report owns stdout
       times["trainer"].append(trained())
+    times["input"].append(host_input())
   fastest = {k: min(v) for k, v in times.items()}
   return {"steps": num_steps, "batch_size": batch_size, "length": length,
           "seconds": fastest, "median_seconds": {k: statistics.median(v) for k, v in times.items()},
-          "overhead": fastest["trainer"] / fastest["bare"] - 1}
+          "overhead": fastest["trainer"] / fastest["bare"] - 1,
+          "input_seconds": fastest["input"], "input_share": fastest["input"] / fastest["bare"]}
 
 
 def bench_resume(args: argparse.Namespace) -> dict[str, Any]:

@@ -40,6 +40,7 @@ def test_every_section_reports_its_ratios(tmp_path):
   trainer = report["trainer"]["tiny"]
   assert trainer["overhead"] == trainer["seconds"]["trainer"] / trainer["seconds"]["bare"] - 1
   assert min(trainer["seconds"].values()) > 0
+  assert trainer["input_share"] == trainer["input_seconds"] / trainer["seconds"]["bare"]
   resume = report["resume"]
   # Every method reaches the same batch 20; the restored state's size is seqio's shuffle buffer.
   assert resume["same_first_batch"] and resume["step"] == 20

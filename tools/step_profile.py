@@ -1,0 +1,476 @@
+"""Where the train step's time goes, by kind of work: the compiled program and a profile.
+
+Compiles the trainer's step (``train_step.jit_train_step``, as ``tools/bench.py``'s
+``step`` section does) of a preset, deterministic and Bayesian (both AdamW),
+and splits each by kind of work three ways:
+
+- ``hlo``: the operations the CPU runtime executes one by one (a fusion, a
+  matmul, a copy: the compiled program's thunks), each counted as often as
+  the loops around it run: FLOPs (``meshbayes.scaling.hlo``'s counting),
+  transcendentals, and bytes (every operand read once, the result written
+  once).
+- ``profile``: the same operations' times in a ``jax.profiler`` trace of
+  ``--profile_steps`` steps (the CPU runtime records one event per thunk),
+  per step. Thunks may overlap (two cores), so their sum can exceed the step.
+  Eigen's ``dot`` thunks return before their matmul is done: the runtime's
+  wait for them (``matmul_async_wait``) is that matmul time.
+- ``ablations`` (``--ablations``): the Bayesian step with one kind of work
+  taken out, timed alternating with the real step (``bench.alternate``):
+  noise drawn as constants, no KL, SGD in place of AdamW. For measurement
+  only: no such program is ever trained.
+
+Each operation gets one kind, from the Python functions its (fused) HLO
+instructions were traced from, which the compiled program records as stack
+frames; the first that applies wins:
+
+- ``matmul``: a ``dot`` or ``convolution``, alone or fused;
+- ``layout``: an operation that only moves data (copy, transpose, broadcast,
+  slice, concatenate, dynamic-update-slice);
+- ``noise``: the estimators' samplers (``threefry2x32``, ``random_words``,
+  ``standard_normal``, ``rademacher``) and any elementwise work fused with them;
+- ``kl``: the KL (``record_kl``, ``Prior.kl``, ``normal_kl``, ``total_kl``);
+- ``optimizer``: optax's update and its application;
+- ``checks``: the step's state check and metrics (``all_finite``, posterior
+  stddev means, the gradient norm);
+- ``estimator``: the estimators' other elementwise work (softplus, ``stddev *
+  eps``, ``loc + ...``, signs applied, the variance's square root);
+- ``dropout``;
+- ``model``: the rest (norms, attention softmax, activations, the loss,
+  embedding lookups).
+
+  python -m meshbayes.tools.step_profile                       # small, 16 x 64 tokens
+  python -m meshbayes.tools.step_profile --ablations --json=runs/step_profile.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import dataclasses
+import gzip
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from meshbayes.scaling import hlo
+
+KINDS = ("matmul", "layout", "noise", "kl", "optimizer", "checks", "estimator", "dropout",
+         "model")
+# Python functions (innermost names of the recorded stack frames) by kind.
+_FUNCTIONS = {
+    "noise": ("threefry2x32", "random_words", "standard_normal", "rademacher"),
+    "kl": ("record_kl", "NormalPrior.kl", "ScaleMixtureNormalPrior.kl",
+           "TrainableNormalPrior.kl", "normal_kl", "normal_kl_sum", "_normal_kl_sum_forward",
+           "_normal_kl_sum_backward", "total_kl", "kl_penalty"),
+    "checks": ("all_finite", "posterior_stddev_metrics", "layer_stddevs"),
+    "estimator": ("flipout", "conv_flipout", "reparameterization", "local_reparameterization",
+                  "_gaussian_sample", "_gaussian_sample_backward", "stddev_of_scale",
+                  "_stddev_forward", "_stddev_backward",
+                  "Normal.sample", "_safe_sqrt", "posterior_mean", "variational_param"),
+    "dropout": ("Dropout.__call__",),
+}
+_DATA_MOVEMENT = frozenset((
+    "parameter", "constant", "tuple", "get-tuple-element", "bitcast", "copy", "transpose",
+    "reshape", "broadcast", "slice", "dynamic-slice", "dynamic-update-slice", "concatenate",
+    "pad", "reverse", "iota", "copy-start", "copy-done"))
+_CONTAINERS = frozenset(("while", "call", "conditional"))
+_FRAME_ID = re.compile(r"stack_frame_id=(\d+)")
+
+
+# --- the compiled program: thunk-level operations and their kinds ------------------------------
+
+def stack_frames(text: str) -> dict[int, tuple[tuple[str, str], ...]]:
+  """Each stack frame id of an HLO module's text as ``(file, function)`` pairs, innermost first."""
+  tables: dict[str, dict[int, str]] = collections.defaultdict(dict)
+  section = None
+  for line in text.splitlines():
+    if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+      section = line
+      continue
+    match = re.match(r"^(\d+) (.*)$", line) if section else None
+    if not match:
+      section = None if not line.strip() or not line[0].isdigit() else section
+      continue
+    tables[section][int(match.group(1))] = match.group(2)
+  field = lambda entry, name: int(re.search(name + r"=(\d+)", entry).group(1))
+  locations = {i: (tables["FileNames"].get(field(e, "file_name_id"), "").strip('"'),
+                   tables["FunctionNames"].get(field(e, "function_name_id"), "").strip('"'))
+               for i, e in tables["FileLocations"].items()}
+  frames: dict[int, tuple[tuple[str, str], ...]] = {}
+
+  def chain(frame: int, seen: tuple[int, ...] = ()) -> tuple[tuple[str, str], ...]:
+    if frame in frames:
+      return frames[frame]
+    entry = tables["StackFrames"].get(frame)
+    if entry is None or frame in seen:
+      return ()
+    parent = field(entry, "parent_frame_id")
+    here = (locations.get(field(entry, "file_location_id"), ("", "")),)
+    frames[frame] = here + (chain(parent, seen + (frame,)) if parent != frame else ())
+    return frames[frame]
+
+  for frame in tables["StackFrames"]:
+    chain(frame)
+  return frames
+
+
+def kind_of_frames(frames: Sequence[tuple[str, str]]) -> str | None:
+  """The kind named by one instruction's stack (innermost frame first), or None."""
+  # 'all_finite.<locals>.<listcomp>' is all_finite's.
+  functions = {function.split(".<locals>")[0] for _, function in frames}
+  for kind in ("noise", "kl"):
+    if functions & set(_FUNCTIONS[kind]):
+      return kind
+  if any("/optax/" in file for file, _ in frames):
+    # The gradient norm reported as a metric is optax's tree_norm called by the step.
+    return "optimizer" if functions & {"chain", "clip_by_global_norm"} else "checks"
+  for kind in ("checks", "estimator", "dropout"):
+    if functions & set(_FUNCTIONS[kind]):
+      return kind
+  return None
+
+
+@dataclasses.dataclass
+class Operation:
+  """One thunk-level operation of a compiled program, per step."""
+
+  name: str
+  opcode: str
+  kind: str
+  executions: float  # times it runs per step (loop trip counts)
+  flops: float  # per step, all executions
+  transcendentals: float
+  bytes: float
+  shape: str
+  transposes: bool  # moves data across the layout (a physical transpose)
+
+
+def _instructions_called(computations: dict[str, list[hlo.Instruction]], name: str
+                         ) -> Iterator[hlo.Instruction]:
+  """Every instruction of a fused computation and the computations it calls."""
+  for instruction in computations.get(name, []):
+    yield instruction
+    for _, child in hlo.called_computations(instruction):
+      if child != name:
+        yield from _instructions_called(computations, child)
+
+
+def _bytes_moved(instruction: hlo.Instruction, shapes: dict[str, tuple[hlo.Shape, ...]],
+                 fused: list[hlo.Instruction]) -> tuple[float, float]:
+  """Bytes an operation reads and writes: each operand once, the result once, except
+  that a fused slice of an operand reads the slice, and an in-place update of a
+  buffer (``dynamic-update-slice``, a scan's stacking) writes the update alone."""
+  size = lambda names, table: sum(s.bytes for n in names for s in table.get(n, ()))
+  if instruction.opcode == "dynamic-update-slice":
+    return size(instruction.operands[1:], shapes), size(instruction.operands[1:2], shapes)
+  if not fused:
+    return size(instruction.operands, shapes), sum(s.bytes for s in hlo.flat_shapes(instruction))
+  inner = {i.name: hlo.flat_shapes(i) for i in fused}
+  users = collections.defaultdict(list)
+  for i in fused:
+    for position, operand in enumerate(i.operands):
+      users[operand].append((i, position))
+  read = 0.0
+  for i in fused:
+    if i.opcode != "parameter":
+      continue
+    index = int(i.operands[0])
+    whole = size(instruction.operands[index:index + 1], shapes)
+    uses = users.get(i.name, [])
+    if uses and all(u.opcode in ("dynamic-slice", "slice") and p == 0 for u, p in uses):
+      read += min(whole, sum(s.bytes for u, _ in uses for s in inner[u.name]))
+    elif uses and all(u.opcode == "dynamic-update-slice" and p == 0 for u, p in uses):
+      continue  # the buffer updated in place
+    else:
+      read += whole
+  root = next((i for i in fused if i.is_root), None)
+  by_name = {i.name: i for i in fused}
+  outputs = root.operands if root is not None and root.opcode == "tuple" else (
+      [root.name] if root is not None else [])
+  written = 0.0
+  for name in outputs:
+    out = by_name.get(name)
+    if out is not None and out.opcode == "dynamic-update-slice":
+      written += size(out.operands[1:2], inner)
+    else:
+      written += sum(s.bytes for s in inner.get(name, ()))
+  return read, written
+
+
+def operations(text: str) -> list[Operation]:
+  """The thunk-level operations of an HLO module (``compiled.as_text()``) with their kinds."""
+  computations, entry = hlo.parse_computations(text)
+  frames = stack_frames(text)
+  found: list[Operation] = []
+
+  def frame_kind(instruction: hlo.Instruction) -> str | None:
+    match = _FRAME_ID.search(instruction.attributes)
+    return kind_of_frames(frames.get(int(match.group(1)), ())) if match else None
+
+  def visit(name: str, executions: float, stack: tuple[str, ...]) -> None:
+    instructions = computations.get(name, [])
+    shapes = {i.name: hlo.flat_shapes(i) for i in instructions}
+    by_name = {i.name: i for i in instructions}
+    for instruction in instructions:
+      called = list(hlo.called_computations(instruction))
+      if instruction.opcode == "call":
+        called += [("calls", c) for c in re.findall(r"to_apply=%?([\w.\-]+)",
+                                                     instruction.attributes)]
+      if instruction.opcode in _CONTAINERS:
+        trips = 1
+        if instruction.opcode == "while":
+          condition = next((c for role, c in called if role == "condition"), None)
+          trips = hlo.trip_count(instruction, computations.get(condition, []), by_name) or 1
+        for role, child in called:
+          if child not in stack:
+            visit(child, executions * (trips if role in ("body", "condition") else 1),
+                  stack + (child,))
+        continue
+      if instruction.opcode in ("parameter", "constant", "tuple", "get-tuple-element",
+                                "bitcast"):
+        continue  # no work: buffers are aliased
+      inner = [instruction]
+      for role, child in called:
+        if role == "calls":
+          inner.extend(_instructions_called(computations, child))
+      inner_shapes = dict(shapes, **{i.name: hlo.flat_shapes(i) for i in inner})
+      flops = transcendentals = 0.0
+      for i in inner:
+        if i.opcode in ("dot", "convolution"):
+          flops += hlo._matmul_flops(i, inner_shapes)
+        elif i.opcode != "fusion":
+          f, t = hlo._elementwise_flops(i, inner_shapes)
+          flops, transcendentals = flops + f, transcendentals + t
+      opcodes = {i.opcode for i in inner} - {"fusion"}
+      if opcodes & {"dot", "convolution"}:
+        kind = "matmul"
+      elif opcodes <= _DATA_MOVEMENT:
+        kind = "layout"
+      else:
+        kinds = {frame_kind(i) for i in inner} - {None}
+        kind = next((k for k in KINDS if k in kinds), "model")
+      fused = next((c for role, c in called if role == "calls"), None)
+      operand_bytes, result_bytes = _bytes_moved(instruction, shapes,
+                                                 computations.get(fused, []))
+      result = hlo.flat_shapes(instruction)
+      found.append(Operation(instruction.name, instruction.opcode, kind, executions,
+                             executions * flops, executions * transcendentals,
+                             executions * (operand_bytes + result_bytes),
+                             ",".join(f"{s.dtype}{list(s.dims)}" for s in result[:2]),
+                             "transpose" in opcodes))
+
+  visit(entry, 1.0, (entry,))
+  return found
+
+
+def by_kind(ops: Sequence[Operation], seconds: dict[str, float] | None = None
+            ) -> dict[str, dict[str, float]]:
+  """Totals per kind: operations, FLOPs, transcendentals, bytes, and profiled seconds."""
+  table: dict[str, dict[str, float]] = {}
+  for kind in KINDS:
+    mine = [op for op in ops if op.kind == kind]
+    row = {"operations": len(mine), "flops": sum(op.flops for op in mine),
+           "transcendentals": sum(op.transcendentals for op in mine),
+           "bytes": sum(op.bytes for op in mine)}
+    if seconds is not None:
+      row["seconds"] = sum(seconds.get(op.name, 0.0) for op in mine)
+      row["transposing_seconds"] = sum(seconds.get(op.name, 0.0) for op in mine
+                                       if op.transposes)
+    table[kind] = row
+  if seconds is not None:  # the Eigen dots' work, done after their thunks return
+    table["matmul_async_wait"] = {"seconds": seconds.get(ASYNC_WAIT, 0.0)}
+  return table
+
+
+# --- the profile: per-thunk times from a jax.profiler trace ------------------------------------
+
+ASYNC_WAIT = "(waiting for asynchronous thunks)"
+
+
+def thunk_seconds(trace_dir: str, module: str | None = "jit_train_step") -> dict[str, float]:
+  """Total seconds of each HLO operation of ``module`` in the trace(s) under ``trace_dir``.
+
+  Some thunks (the Eigen ``dot``s) return before their work is done; the
+  runtime's wait for them is recorded apart and summed here as ``ASYNC_WAIT``.
+  """
+  totals: dict[str, float] = collections.defaultdict(float)
+  for path in Path(trace_dir).rglob("*.trace.json.gz"):
+    with gzip.open(path, "rt") as f:
+      events = [e for e in json.load(f).get("traceEvents", []) if e.get("ph") == "X"]
+    runs = set()
+    for event in events:
+      args = event.get("args") or {}
+      if (module is None or args.get("hlo_module") == module) and "hlo_op" in args:
+        totals[args["hlo_op"]] += event.get("dur", 0.0) * 1e-6
+        runs.add(args.get("run_id"))
+    for event in events:
+      args = event.get("args") or {}
+      if event["name"].startswith("ThunkExecutor::Execute (wait") and args.get("run_id") in runs:
+        totals[ASYNC_WAIT] += event.get("dur", 0.0) * 1e-6
+  return dict(totals)
+
+
+def profile(program: Callable[[], Any], steps: int, module: str | None = "jit_train_step"
+            ) -> dict[str, float]:
+  """Per-step seconds of each operation of ``module`` over ``steps`` steps of ``program``."""
+  jax.block_until_ready(program())
+  with tempfile.TemporaryDirectory() as trace_dir:
+    with jax.profiler.trace(trace_dir):
+      for _ in range(steps):
+        jax.block_until_ready(program())
+    return {name: s / steps for name, s in thunk_seconds(trace_dir, module).items()}
+
+
+# --- ablations: the Bayesian step with one kind of work taken out (measurement only) -----------
+
+@contextlib.contextmanager
+def constant_noise():
+  """The estimators draw constants instead of noise (same shapes, no hash, no inverse CDF)."""
+  from meshbayes.layers import estimators
+  saved = estimators.standard_normal, estimators.rademacher
+  estimators.standard_normal = lambda key, shape, dtype=jnp.float32: jnp.full(
+      tuple(shape), 0.5, dtype)
+  estimators.rademacher = lambda key, shape, dtype: jnp.full(tuple(shape), -1, dtype)
+  try:
+    yield
+  finally:
+    estimators.standard_normal, estimators.rademacher = saved
+
+
+@contextlib.contextmanager
+def no_kl():
+  """Every layer's KL is a constant 0 (nothing computed, no gradient)."""
+  from meshbayes.layers import priors
+  saved = priors.NormalPrior.kl
+  priors.NormalPrior.kl = lambda self, loc, stddev, params, key: jnp.zeros((), jnp.float32)
+  try:
+    yield
+  finally:
+    priors.NormalPrior.kl = saved
+
+
+ABLATIONS: dict[str, Callable[[], Any]] = {
+    "constant_noise": constant_noise, "no_kl": no_kl,
+    "sgd": contextlib.nullcontext,  # the optimizer is swapped in build_step
+}
+
+
+# --- the steps ---------------------------------------------------------------------------------
+
+def build_step(args: argparse.Namespace, deterministic: bool, optimizer: str = "adamw"
+               ) -> tuple[Callable[[], Any], str, dict[str, float]]:
+  """A runnable step (fresh state, one fixed batch), its HLO text and XLA's cost analysis."""
+  from meshbayes.partitioning import Partitioner
+  from meshbayes.scaling.aot import StepSpec
+  from meshbayes.tools.bench import compiled_train_step
+
+  partitioner = Partitioner(data=1, model=1, rules="data_only", devices=jax.devices()[:1])
+  spec = StepSpec(model=args.model, deterministic=deterministic, optimizer=optimizer,
+                  batch_size=args.batch, input_length=args.length, target_length=args.length,
+                  model_parallel=1, partitioning="data_only", num_train_units=1e6)
+  shapes = spec.input_shapes()
+  rng = np.random.default_rng(0)
+  vocab = spec.config().vocab_size
+  batch = {name: jnp.asarray(rng.integers(1, vocab, size=shape), jnp.int32)
+           for name, shape in shapes.items()}
+  batch["decoder_loss_weights"] = jnp.ones(shapes["decoder_loss_weights"], jnp.int32)
+  state, compiled = compiled_train_step(spec, partitioner, batch)
+  holder = [state]
+
+  def run():
+    holder[0], metrics = compiled(holder[0], batch)  # the old state is donated
+    return metrics["loss"]
+
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, list) else cost
+  return run, compiled.as_text(), {k: float(cost.get(k, 0.0))
+                                   for k in ("flops", "transcendentals", "bytes accessed")}
+
+
+def top_operations(ops: Sequence[Operation], seconds: dict[str, float], count: int
+                   ) -> list[dict[str, Any]]:
+  ranked = sorted(ops, key=lambda op: -seconds.get(op.name, 0.0))[:count]
+  return [{"name": op.name, "kind": op.kind, "transposes": op.transposes,
+           "seconds": seconds.get(op.name, 0.0),
+           "executions": op.executions, "flops": op.flops, "bytes": op.bytes, "shape": op.shape}
+          for op in ranked]
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--model", default="small")
+  parser.add_argument("--batch", type=int, default=16)
+  parser.add_argument("--length", type=int, default=64)
+  parser.add_argument("--profile_steps", type=int, default=3)
+  parser.add_argument("--rounds", type=int, default=3, help="timed rounds (alternating)")
+  parser.add_argument("--ablations", action=argparse.BooleanOptionalAction, default=False)
+  parser.add_argument("--top", type=int, default=15, help="slowest operations listed")
+  parser.add_argument("--json", default=None, help="also write the report here")
+  args = parser.parse_args(argv)
+  from meshbayes.tools.bench import alternate
+
+  report: dict[str, Any] = {"model": args.model, "batch_size": args.batch,
+                            "length": args.length, "devices": [str(d) for d in jax.devices()]}
+  programs = {}
+  for name, deterministic in (("deterministic", True), ("bayesian", False)):
+    run, text, cost = build_step(args, deterministic)
+    ops = operations(text)
+    seconds = profile(run, args.profile_steps)
+    programs[name] = run
+    report[name] = {"cost_analysis": cost, "by_kind": by_kind(ops, seconds),
+                    "profiled_seconds": sum(seconds.values()),
+                    "top": top_operations(ops, seconds, args.top),
+                    "operation_seconds": seconds}
+  if args.ablations:
+    for ablation, context in ABLATIONS.items():
+      with context():
+        programs[ablation] = build_step(args, False,
+                                        "sgd" if ablation == "sgd" else "adamw")[0]
+    programs["deterministic_sgd"] = build_step(args, True, "sgd")[0]
+  fastest, medians = alternate(programs, args.rounds)
+  report["seconds"], report["median_seconds"] = fastest, medians
+  print(markdown(report))
+  if args.json:
+    Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+  return report
+
+
+def markdown(report: dict[str, Any]) -> str:
+  """The report's tables: work and profiled seconds by kind, then the programs' step times."""
+  det, bay = report["deterministic"]["by_kind"], report["bayesian"]["by_kind"]
+  lines = ["| kind | det. GFLOP | det. GB | det. s | Bayes. GFLOP | Bayes. GB | Bayes. s "
+           "| excess s |", "|---|" + "---:|" * 7]
+  for kind in (*KINDS, "matmul_async_wait"):
+    d, b = det[kind], bay[kind]
+    work = lambda row, key, scale: f"{row[key] / scale:.2f}" if key in row else "-"
+    lines.append(f"| {kind} | {work(d, 'flops', 1e9)} | {work(d, 'bytes', 1e9)} | "
+                 f"{d['seconds']:.3f} | {work(b, 'flops', 1e9)} | {work(b, 'bytes', 1e9)} | "
+                 f"{b['seconds']:.3f} | {b['seconds'] - d['seconds']:+.3f} |")
+  lines.append(f"| all profiled | | | {report['deterministic']['profiled_seconds']:.3f} | | | "
+               f"{report['bayesian']['profiled_seconds']:.3f} | "
+               f"{report['bayesian']['profiled_seconds'] - report['deterministic']['profiled_seconds']:+.3f} |")
+  seconds = report["seconds"]
+  lines += ["", "| program | step s (fastest) | median | / Bayesian |", "|---|---:|---:|---:|"]
+  lines += [f"| {name} | {t:.3f} | {report['median_seconds'][name]:.3f} | "
+            f"{t / seconds['bayesian']:.3f} |" for name, t in seconds.items()]
+  return "\n".join(lines)
+
+
+if __name__ == "__main__":
+  main()
