@@ -23,8 +23,11 @@ Sections (``--sections``, default all):
   loss = sum of outputs + KL, its value and the gradients of every
   parameter; ratio to deterministic, next to the ratio of the compiled
   programs' matmul FLOPs (the floor: 2.0 for Flipout and local
-  reparameterization, 1.0 for reparameterization). Measured once per PRNG
-  implementation in ``--prng_impls`` (the key the layer samples from).
+  reparameterization, 1.0 for reparameterization), and ``floor``: that
+  matmul ratio plus each estimator's noise drawn alone (``noise_seconds``)
+  over the deterministic layer's time, what the estimator cannot go below
+  without a cheaper draw. Measured once per PRNG implementation in
+  ``--prng_impls`` (the key the layer samples from).
 - ``pipeline``: the input pipeline (``meshbayes.data.TaskData``) against the
   trainer's consumption at a demo's settings, for each of ``--pipeline_tasks``:
   ``tatoeba_enfr`` (``make demo``; needs ``make data``) and
@@ -211,6 +214,34 @@ def layer_program(estimator: str, rows: int, in_features: int, out_features: int
   return program, hlo.analyze(compiled.as_text()).matmul_flops
 
 
+# The noise each estimator draws per step for a Dense layer of (rows, in, out):
+# the shapes of its normals and of its signs (the kernel's; a bias adds out more).
+NOISE_SHAPES = {
+    "reparameterization": lambda rows, d_in, d_out: ([(d_in, d_out)], []),
+    "flipout": lambda rows, d_in, d_out: ([(d_in, d_out)], [(rows, d_in), (rows, d_out)]),
+    "local_reparameterization": lambda rows, d_in, d_out: ([(rows, d_out)], []),
+}
+
+
+def noise_program(estimator: str, rows: int, in_features: int, out_features: int,
+                  impl: str | None) -> Callable[[], Any]:
+  """The estimator's draw alone, with the layers' samplers, summed so XLA keeps it."""
+  from meshbayes.layers import estimators
+  normals, signs = NOISE_SHAPES[estimator](rows, in_features, out_features)
+
+  def draw(key):
+    keys = jax.random.split(key, len(normals) + len(signs))
+    drawn = [estimators.standard_normal(k, shape) for k, shape in zip(keys, normals)]
+    drawn += [estimators.rademacher(k, shape, jnp.float32)
+              for k, shape in zip(keys[len(normals):], signs)]
+    return sum(jnp.sum(x) for x in drawn)
+
+  key = jax.random.key(3, impl=impl) if impl else jax.random.key(3)
+  compiled = jax.jit(draw).lower(key).compile()
+  counter = iter(range(1 << 30))
+  return lambda: compiled(jax.random.fold_in(key, next(counter)))
+
+
 @contextlib.contextmanager
 def jax_random_noise():
   """Traces the estimators with ``jax.random``'s samplers (the layers' noise before
@@ -242,13 +273,24 @@ def bench_layers(args: argparse.Namespace) -> dict[str, Any]:
         with jax_random_noise():  # the same layer drawing its noise with jax.random
           name = f"{estimator} (jax.random noise)"
           programs[name], flops[name] = layer_program(estimator, *shapes, impl_arg)
+    for estimator in NOISE_SHAPES:
+      programs[f"{estimator} noise alone"] = noise_program(estimator, *shapes, impl_arg)
     times, medians = alternate(programs, args.rounds)
+    noise = {n: times.pop(f"{n} noise alone") for n in NOISE_SHAPES}
+    for n in NOISE_SHAPES:
+      medians.pop(f"{n} noise alone")
     others = [name for name in times if name != "deterministic"]
+    matmul_flop_ratio = {n: flops[n] / flops["deterministic"] for n in others}
     results[impl] = {
         "seconds": times, "median_seconds": medians,
         "ratio_to_deterministic": {n: times[n] / times["deterministic"] for n in others},
         # The matmul floor of each ratio, from the compiled programs.
-        "matmul_flop_ratio": {n: flops[n] / flops["deterministic"] for n in others}}
+        "matmul_flop_ratio": matmul_flop_ratio,
+        # The extra matmuls at the deterministic layer's rate, plus the draw alone: what no
+        # rewrite of the estimators' own elementwise work can go below on this machine.
+        "noise_seconds": noise,
+        "floor": {n: matmul_flop_ratio[n] + noise[n] / times["deterministic"]
+                  for n in NOISE_SHAPES}}
   return results
 
 

@@ -34,6 +34,11 @@ def test_every_section_reports_its_ratios(tmp_path):
   assert abs(layers["matmul_flop_ratio"]["flipout"] - 2.0) < 0.01
   assert abs(layers["matmul_flop_ratio"]["local_reparameterization"] - 2.0) < 0.01
   assert abs(layers["matmul_flop_ratio"]["reparameterization"] - 1.0) < 0.01
+  # The floor adds each estimator's draw alone to its matmul ratio.
+  for name, seconds in layers["noise_seconds"].items():
+    assert layers["floor"][name] == pytest.approx(
+        layers["matmul_flop_ratio"][name] + seconds / layers["seconds"]["deterministic"])
+  assert "flipout noise alone" not in layers["seconds"]
   pipeline = report["pipeline"]["synthetic_reverse"]
   assert pipeline["ratio"] > 0 and pipeline["train_steps_per_second"] > 0
   assert set(report["decode"]["slowdown_vs_posterior_mean"]) == {"S=2", "S=2, regenerated"}
