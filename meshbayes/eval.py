@@ -8,10 +8,12 @@ line says otherwise. See ``meshbayes.evaluation.evaluate`` for what gin
 configures.
 """
 
+from meshbayes import host_memory
 from meshbayes.launch import run
 
 
 def main() -> None:
+  host_memory.exec_with_malloc_tunables()  # before anything: glibc reads it at start-up
   run("meshbayes.eval", "evaluate", model_from_model_dir=True)
 
 

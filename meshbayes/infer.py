@@ -7,10 +7,12 @@ the command line says otherwise. See ``meshbayes.inference.infer`` for what gin
 configures.
 """
 
+from meshbayes import host_memory
 from meshbayes.launch import run
 
 
 def main() -> None:
+  host_memory.exec_with_malloc_tunables()  # before anything: glibc reads it at start-up
   run("meshbayes.infer", "infer", model_from_model_dir=True)
 
 

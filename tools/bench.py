@@ -85,7 +85,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from meshbayes import ivon, layers, train_step
+from meshbayes import host_memory, ivon, layers, train_step
 
 SECTIONS = ("step", "layers", "pipeline", "decode", "trainer", "resume")
 
@@ -625,7 +625,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   runners = {"step": bench_step, "layers": bench_layers, "pipeline": bench_pipeline,
              "decode": bench_decode, "trainer": bench_trainer, "resume": bench_resume}
   report: dict[str, Any] = {"devices": [str(d) for d in jax.devices()],
-                            "jax_version": jax.__version__, "rounds": args.rounds}
+                            "jax_version": jax.__version__, "rounds": args.rounds,
+                            # The malloc settings it ran with (meshbayes.host_memory).
+                            "malloc": host_memory.malloc_settings()}
   for section in args.sections.split(","):
     start = time.perf_counter()
     report[section] = runners[section](args)
@@ -638,4 +640,5 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+  host_memory.exec_with_malloc_tunables()
   main()

@@ -42,6 +42,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from meshbayes import host_memory
+
 METHODS = ("deterministic", "mc_dropout", "ensemble", "bayesian", "ivon")
 # The training recipe each method evaluates: (gin file, seed).
 RECIPES = {"deterministic": "uncertainty/deterministic.gin",
@@ -485,4 +487,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+  host_memory.exec_with_malloc_tunables()
   sys.exit(main())

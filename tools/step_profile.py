@@ -67,6 +67,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from meshbayes import host_memory
 from meshbayes.scaling import hlo
 
 KINDS = ("matmul", "layout", "noise", "kl", "optimizer", "checks", "estimator", "dropout",
@@ -473,4 +474,5 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
+  host_memory.exec_with_malloc_tunables()
   main()

@@ -1,0 +1,149 @@
+"""malloc settings for the CPU runtime's per-step buffers.
+
+XLA's CPU runtime allocates the temporary buffer of every execution with
+``malloc`` and frees it afterwards: 1.9 GiB per train step of the ``small``
+preset, 3.6 GiB for its Bayesian twin, tens of MiB for ``tiny``. glibc serves
+an allocation over 32 MiB with a fresh ``mmap`` and returns it with
+``munmap``, so every step faults the whole buffer in again, 4 KiB at a time,
+each page zeroed by the kernel (and, in a virtual machine, often backed anew
+by the host): 0.5 million page faults per deterministic ``small`` step and 1
+million per Bayesian one, 20-35% of the step (docs/performance.md). The
+compiler's own large allocations pay the same.
+
+``MESHBAYES_MALLOC`` chooses glibc tunables (read when a process starts):
+
+- ``reuse``: ``glibc.malloc.arena_max=1`` and ``glibc.malloc.mmap_max=0``
+  (every thread allocates from the main heap and never from a mapping of its
+  own: another thread's arena maps anything over 64 MiB whatever
+  ``mmap_max``), ``glibc.malloc.trim_threshold=2**40`` (the heap keeps what
+  is freed) and ``glibc.malloc.hugetlb=1`` (the heap grows in 2 MiB pages):
+  the next step's buffer reuses pages already faulted in, no fault and no
+  zeroing. The process holds its peak memory until it exits (the ``tiny``
+  Bayesian demo run: 3.4 against 2.3 GB), and its threads share one malloc
+  lock.
+- ``huge_pages``: ``glibc.malloc.hugetlb=1`` alone: the mappings come in
+  2 MiB pages, 512 times fewer faults, with the zeroing left.
+- ``auto`` (the default): ``reuse`` where the CPU runs the model (no
+  accelerator device on the host, or ``JAX_PLATFORMS=cpu``), ``huge_pages``
+  where a host feeds accelerators (its device buffers are not malloc's, and
+  an input pipeline of many threads should not share one malloc lock).
+- ``default``: glibc's own settings.
+
+The huge-page tunable needs glibc 2.35 or later and transparent huge pages in
+``madvise`` mode (the kernel's usual default; in ``always`` mode nothing need
+be asked).
+
+A program applies them by executing itself again (``exec_with_malloc_tunables``)
+before anything heavy is imported; tunables the user set are kept.
+"""
+
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+HUGE_PAGES = "glibc.malloc.hugetlb"
+REUSE = (("glibc.malloc.arena_max", "1"), ("glibc.malloc.mmap_max", "0"),
+         ("glibc.malloc.trim_threshold", str(2 ** 40)))
+SETTING = "MESHBAYES_MALLOC"
+SETTINGS = ("auto", "reuse", "huge_pages", "default")
+# Device files of accelerators JAX would use: NVIDIA and AMD GPUs, TPUs (v2-v4; vfio for later).
+_ACCELERATOR_DEVICES = ("/dev/nvidia0", "/dev/kfd", "/dev/accel0", "/dev/vfio/0")
+_THP_MODE_FILE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+_FIRST_GLIBC = (2, 35)  # the first glibc with the huge-page tunable
+
+
+def transparent_huge_page_mode(path: Path = _THP_MODE_FILE) -> str | None:
+  """The kernel's transparent huge page mode (``always``, ``madvise``, ``never``), or None."""
+  try:
+    text = path.read_text()
+  except OSError:
+    return None
+  start, end = text.find("["), text.find("]")
+  return text[start + 1:end] if 0 <= start < end else None
+
+
+def _glibc_version(libc: tuple[str, str]) -> tuple[int, ...] | None:
+  name, version = libc
+  try:
+    return tuple(int(part) for part in version.split(".")[:2]) if name == "glibc" else None
+  except ValueError:
+    return None
+
+
+def cpu_runs_the_model(environ: Mapping[str, str],
+                       devices: tuple[str, ...] = _ACCELERATOR_DEVICES) -> bool:
+  """Whether JAX will run on the CPU: ``JAX_PLATFORMS=cpu``, or no accelerator device file."""
+  platforms = environ.get("JAX_PLATFORMS", "")
+  if platforms:
+    return platforms.split(",")[0].strip() == "cpu"
+  return not any(os.path.exists(device) for device in devices)
+
+
+def malloc_tunables(environ: Mapping[str, str], thp_mode: str | None,
+                    libc: tuple[str, str], cpu: bool) -> str | None:
+  """The ``GLIBC_TUNABLES`` value for ``environ``'s ``MESHBAYES_MALLOC``, or None to change nothing.
+
+  Nothing changes without glibc 2.35 or later, or once the huge-page tunable
+  is set (by an earlier call, or by the user); ``huge_pages`` changes nothing
+  outside the ``madvise`` mode (``always`` needs no asking, ``never`` refuses).
+  Tunables already set keep their values.
+
+  Args:
+    environ: the process environment.
+    thp_mode: ``transparent_huge_page_mode()``.
+    libc: ``platform.libc_ver()``, e.g. ``("glibc", "2.36")``.
+    cpu: ``cpu_runs_the_model(environ)``, for ``auto``.
+
+  Raises:
+    ValueError: ``MESHBAYES_MALLOC`` is not one of ``SETTINGS``.
+  """
+  setting = environ.get(SETTING, SETTINGS[0])
+  if setting not in SETTINGS:
+    raise ValueError(f"{SETTING}={setting!r} must be one of {', '.join(SETTINGS)}")
+  if setting == "auto":
+    setting = "reuse" if cpu else "huge_pages"
+  version = _glibc_version(libc)
+  if version is None or version < _FIRST_GLIBC or setting == "default":
+    return None
+  if setting == "huge_pages" and thp_mode != "madvise":
+    return None
+  tunables = [item for item in environ.get("GLIBC_TUNABLES", "").split(":") if item]
+  names = {item.split("=")[0] for item in tunables}
+  if HUGE_PAGES in names:
+    return None
+  wanted = (*(REUSE if setting == "reuse" else ()),
+            (HUGE_PAGES, "1" if thp_mode == "madvise" else "0"))
+  return ":".join(tunables + [f"{name}={value}" for name, value in wanted if name not in names])
+
+
+def exec_with_malloc_tunables() -> None:
+  """Executes this program again with ``malloc_tunables``, when they change anything.
+
+  Call it first thing in a program's entry point, never in a library function:
+  it replaces the process (same pid, same command line). Where
+  ``malloc_tunables`` changes nothing it returns, so the program executed
+  again goes on.
+  """
+  try:
+    tunables = malloc_tunables(os.environ, transparent_huge_page_mode(), platform.libc_ver(),
+                               cpu_runs_the_model(os.environ))
+  except ValueError as error:
+    argv = sys.orig_argv
+    prog = argv[argv.index("-m") + 1] if "-m" in argv else Path(sys.argv[0]).name
+    sys.exit(f"{prog}: error: {error}")
+  if tunables is None:
+    return
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os.execve(sys.executable, sys.orig_argv, {**os.environ, "GLIBC_TUNABLES": tunables})
+
+
+def malloc_settings() -> dict[str, str]:
+  """This process's glibc malloc tunables (for reports: what a measurement ran with)."""
+  items = [item.split("=", 1) for item in os.environ.get("GLIBC_TUNABLES", "").split(":")]
+  return {item[0]: item[1] for item in items if len(item) == 2 and item[0].startswith("glibc.malloc.")}
