@@ -152,11 +152,16 @@ ROOFLINE_JSONS := $(addprefix docs/scaling/roofline_,paper_v2.json paper_v2_bf16
 roofline: $(STAMP)
 	$(SCALING) --from_json $(ROOFLINE_JSONS)
 
-# The cost of being Bayesian on this machine (tools/bench.py): a JSON report on stdout and
-# in runs/bench.json, about 10 minutes on 2 CPU cores (the pipeline section reads tatoeba_enfr).
+# The cost of being Bayesian on this machine (tools/bench.py): JSON reports on stdout, about
+# 25 minutes on 2 CPU cores (the pipeline section reads tatoeba_enfr). The train step and the
+# Dense layers run with malloc's buffers reused (MESHBAYES_MALLOC=reuse, meshbayes/host_memory.py:
+# no page faults blurring the arithmetic; runs/bench_steps.json), the rest with the default
+# (runs/bench.json).
 bench: data
 	mkdir -p runs
-	$(PY) -m meshbayes.tools.bench --json=runs/bench.json
+	MESHBAYES_MALLOC=reuse $(PY) -m meshbayes.tools.bench --sections=step,layers \
+	  --json=runs/bench_steps.json
+	$(PY) -m meshbayes.tools.bench --sections=pipeline,decode,trainer,resume --json=runs/bench.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info runs/demo runs/demo-synthetic

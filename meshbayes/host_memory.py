@@ -12,21 +12,19 @@ compiler's own large allocations pay the same.
 
 ``MESHBAYES_MALLOC`` chooses glibc tunables (read when a process starts):
 
-- ``reuse``: ``glibc.malloc.arena_max=1`` and ``glibc.malloc.mmap_max=0``
+- ``huge_pages`` (the default): ``glibc.malloc.hugetlb=1``: the mappings
+  come in 2 MiB pages, 512 times fewer faults; each step still zeroes its
+  buffer.
+- ``reuse``: also ``glibc.malloc.arena_max=1`` and ``glibc.malloc.mmap_max=0``
   (every thread allocates from the main heap and never from a mapping of its
   own: another thread's arena maps anything over 64 MiB whatever
-  ``mmap_max``), ``glibc.malloc.trim_threshold=2**40`` (the heap keeps what
-  is freed) and ``glibc.malloc.hugetlb=1`` (the heap grows in 2 MiB pages):
-  the next step's buffer reuses pages already faulted in, no fault and no
-  zeroing. The process holds its peak memory until it exits (the ``tiny``
-  Bayesian demo run: 3.4 against 2.3 GB), and its threads share one malloc
-  lock.
-- ``huge_pages``: ``glibc.malloc.hugetlb=1`` alone: the mappings come in
-  2 MiB pages, 512 times fewer faults, with the zeroing left.
-- ``auto`` (the default): ``reuse`` where the CPU runs the model (no
-  accelerator device on the host, or ``JAX_PLATFORMS=cpu``), ``huge_pages``
-  where a host feeds accelerators (its device buffers are not malloc's, and
-  an input pipeline of many threads should not share one malloc lock).
+  ``mmap_max``) and ``glibc.malloc.trim_threshold=2**40`` (the heap keeps
+  what is freed): the next step's buffer reuses pages already faulted in, no
+  fault and no zeroing. For CPU training of models whose step buffers are
+  hundreds of MiB (``small`` and up). The cost: all threads share one malloc
+  lock, which slows host work (the ``tiny`` trainer's steps, input included,
+  by about 15%), and the process holds its peak memory until it exits (the
+  ``tiny`` Bayesian demo run: 3.4 against 2.3 GB).
 - ``default``: glibc's own settings.
 
 The huge-page tunable needs glibc 2.35 or later and transparent huge pages in
@@ -36,7 +34,6 @@ be asked).
 A program applies them by executing itself again (``exec_with_malloc_tunables``)
 before anything heavy is imported; tunables the user set are kept.
 """
-
 
 from __future__ import annotations
 
@@ -50,9 +47,7 @@ HUGE_PAGES = "glibc.malloc.hugetlb"
 REUSE = (("glibc.malloc.arena_max", "1"), ("glibc.malloc.mmap_max", "0"),
          ("glibc.malloc.trim_threshold", str(2 ** 40)))
 SETTING = "MESHBAYES_MALLOC"
-SETTINGS = ("auto", "reuse", "huge_pages", "default")
-# Device files of accelerators JAX would use: NVIDIA and AMD GPUs, TPUs (v2-v4; vfio for later).
-_ACCELERATOR_DEVICES = ("/dev/nvidia0", "/dev/kfd", "/dev/accel0", "/dev/vfio/0")
+SETTINGS = ("huge_pages", "reuse", "default")
 _THP_MODE_FILE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 _FIRST_GLIBC = (2, 35)  # the first glibc with the huge-page tunable
 
@@ -75,17 +70,8 @@ def _glibc_version(libc: tuple[str, str]) -> tuple[int, ...] | None:
     return None
 
 
-def cpu_runs_the_model(environ: Mapping[str, str],
-                       devices: tuple[str, ...] = _ACCELERATOR_DEVICES) -> bool:
-  """Whether JAX will run on the CPU: ``JAX_PLATFORMS=cpu``, or no accelerator device file."""
-  platforms = environ.get("JAX_PLATFORMS", "")
-  if platforms:
-    return platforms.split(",")[0].strip() == "cpu"
-  return not any(os.path.exists(device) for device in devices)
-
-
 def malloc_tunables(environ: Mapping[str, str], thp_mode: str | None,
-                    libc: tuple[str, str], cpu: bool) -> str | None:
+                    libc: tuple[str, str]) -> str | None:
   """The ``GLIBC_TUNABLES`` value for ``environ``'s ``MESHBAYES_MALLOC``, or None to change nothing.
 
   Nothing changes without glibc 2.35 or later, or once the huge-page tunable
@@ -97,7 +83,6 @@ def malloc_tunables(environ: Mapping[str, str], thp_mode: str | None,
     environ: the process environment.
     thp_mode: ``transparent_huge_page_mode()``.
     libc: ``platform.libc_ver()``, e.g. ``("glibc", "2.36")``.
-    cpu: ``cpu_runs_the_model(environ)``, for ``auto``.
 
   Raises:
     ValueError: ``MESHBAYES_MALLOC`` is not one of ``SETTINGS``.
@@ -105,8 +90,6 @@ def malloc_tunables(environ: Mapping[str, str], thp_mode: str | None,
   setting = environ.get(SETTING, SETTINGS[0])
   if setting not in SETTINGS:
     raise ValueError(f"{SETTING}={setting!r} must be one of {', '.join(SETTINGS)}")
-  if setting == "auto":
-    setting = "reuse" if cpu else "huge_pages"
   version = _glibc_version(libc)
   if version is None or version < _FIRST_GLIBC or setting == "default":
     return None
@@ -130,8 +113,7 @@ def exec_with_malloc_tunables() -> None:
   again goes on.
   """
   try:
-    tunables = malloc_tunables(os.environ, transparent_huge_page_mode(), platform.libc_ver(),
-                               cpu_runs_the_model(os.environ))
+    tunables = malloc_tunables(os.environ, transparent_huge_page_mode(), platform.libc_ver())
   except ValueError as error:
     argv = sys.orig_argv
     prog = argv[argv.index("-m") + 1] if "-m" in argv else Path(sys.argv[0]).name

@@ -16,40 +16,30 @@ REUSING = {"MESHBAYES_MALLOC": "reuse"}
 REUSE = "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776"
 
 
-@pytest.mark.parametrize("environ, mode, libc, cpu, expected", [
-    ({}, "madvise", GLIBC, True, f"{REUSE}:{HUGE}"),  # auto: the CPU runs the model
-    ({}, "madvise", GLIBC, False, HUGE),  # auto: a host feeding accelerators
-    ({}, "always", GLIBC, True, f"{REUSE}:glibc.malloc.hugetlb=0"),  # huge without asking
-    ({}, "always", GLIBC, False, None),
-    ({}, "never", GLIBC, False, None),
-    ({}, None, GLIBC, False, None),
-    (REUSING, "madvise", GLIBC, False, f"{REUSE}:{HUGE}"),
-    ({"MESHBAYES_MALLOC": "huge_pages"}, "madvise", GLIBC, True, HUGE),
-    ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=4:glibc.rtld.x=2"}, "madvise", GLIBC, True,
+@pytest.mark.parametrize("environ, mode, libc, expected", [
+    ({}, "madvise", GLIBC, HUGE),
+    ({}, "always", GLIBC, None),  # huge pages without asking
+    ({}, "never", GLIBC, None),
+    ({}, None, GLIBC, None),
+    (REUSING, "madvise", GLIBC, f"{REUSE}:{HUGE}"),
+    (REUSING, "always", GLIBC, f"{REUSE}:glibc.malloc.hugetlb=0"),
+    ({**REUSING, "GLIBC_TUNABLES": "glibc.malloc.arena_max=4:glibc.rtld.x=2"}, "madvise", GLIBC,
      "glibc.malloc.arena_max=4:glibc.rtld.x=2:glibc.malloc.mmap_max=0:"
      f"glibc.malloc.trim_threshold=1099511627776:{HUGE}"),  # the user's tunables kept
-    ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, "madvise", GLIBC, True, None),  # again
-    ({"MESHBAYES_MALLOC": "default"}, "madvise", GLIBC, True, None),
-    ({}, "madvise", ("glibc", "2.34"), True, None),
-    ({}, "madvise", ("glibc", "2.35"), False, HUGE),
-    ({}, "madvise", ("", ""), True, None),  # musl, macOS
+    ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, "madvise", GLIBC, None),  # executed again
+    ({"MESHBAYES_MALLOC": "default"}, "madvise", GLIBC, None),
+    ({}, "madvise", ("glibc", "2.34"), None),
+    ({}, "madvise", ("glibc", "2.35"), HUGE),
+    ({}, "madvise", ("", ""), None),  # musl, macOS
 ])
-def test_tunables_are_added_only_where_they_change_something(environ, mode, libc, cpu, expected):
-  assert host_memory.malloc_tunables(environ, mode, libc, cpu) == expected
-
-
-@pytest.mark.parametrize("platforms, devices, cpu", [
-    ("cpu", ("/dev/null",), True), ("tpu,cpu", (), False), ("cuda", (), False),
-    ("", ("/dev/null",), False), ("", ("/no/such/device",), True),
-])
-def test_the_cpu_runs_the_model_unless_an_accelerator_is_there_or_named(platforms, devices, cpu):
-  assert host_memory.cpu_runs_the_model({"JAX_PLATFORMS": platforms}, devices) == cpu
+def test_tunables_are_added_only_where_they_change_something(environ, mode, libc, expected):
+  assert host_memory.malloc_tunables(environ, mode, libc) == expected
 
 
 def test_an_unknown_setting_is_one_line_naming_the_valid_ones():
-  with pytest.raises(ValueError, match=r"^MESHBAYES_MALLOC='huge' must be one of auto, reuse, "
-                                       r"huge_pages, default$"):
-    host_memory.malloc_tunables({"MESHBAYES_MALLOC": "huge"}, "madvise", GLIBC, True)
+  with pytest.raises(ValueError, match=r"^MESHBAYES_MALLOC='huge' must be one of huge_pages, "
+                                       r"reuse, default$"):
+    host_memory.malloc_tunables({"MESHBAYES_MALLOC": "huge"}, "madvise", GLIBC)
 
 
 def test_the_kernels_mode_is_the_bracketed_word(tmp_path):
@@ -85,7 +75,7 @@ def _run(environ):
 
 
 @pytest.mark.skipif(host_memory.transparent_huge_page_mode() != "madvise"
-                    or host_memory.malloc_tunables({}, "madvise", platform.libc_ver(), True) is None,
+                    or host_memory.malloc_tunables({}, "madvise", platform.libc_ver()) is None,
                     reason="needs glibc 2.35 or later and transparent huge pages on madvise")
 def test_programs_executed_again_fault_their_buffers_in_huge_pages_or_reuse_them():
   default, huge, reuse = (_run({"MESHBAYES_MALLOC": setting})
@@ -105,4 +95,4 @@ def test_a_program_given_an_unknown_setting_stops_with_one_line():
                        capture_output=True, text=True)
   assert run.returncode == 1
   assert run.stderr.strip().splitlines() == [
-      "meshbayes.train: error: MESHBAYES_MALLOC='huge' must be one of auto, reuse, huge_pages, default"]
+      "meshbayes.train: error: MESHBAYES_MALLOC='huge' must be one of huge_pages, reuse, default"]

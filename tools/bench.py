@@ -57,6 +57,11 @@ Sections (``--sections``, default all):
   train state; the step is compiled beforehand (``compile_seconds``, the same
   for all).
 
+On CPUs the step's time depends on how malloc serves the runtime's per-step
+buffers (``MESHBAYES_MALLOC``, ``meshbayes/host_memory.py``): ``make bench``
+runs ``step`` and ``layers`` with ``reuse`` and the rest with the default; the
+report's ``malloc`` says which tunables a run had.
+
   python -m meshbayes.tools.bench                      # all sections, a few minutes on CPU
   python -m meshbayes.tools.bench --sections=layers --rows=2048 --in_features=1024 --out_features=4096
 """
