@@ -83,9 +83,10 @@ def test_programs_executed_again_fault_their_buffers_in_huge_pages_or_reuse_them
   assert huge["pid"] == huge["now"]  # the same process, executed again
   assert default["malloc"] == {} and huge["malloc"] == {"glibc.malloc.hugetlb": "1"}
   # A 256 MiB buffer mapped afresh at every call: 65,536 faults of 4 KiB pages, 128 of
-  # 2 MiB; none where the heap keeps it.
+  # 2 MiB (more where the kernel finds no free huge page: some leeway); none where the
+  # heap keeps it.
   assert default["faults"] > 30_000, default
-  assert huge["faults"] < 2_000, huge
+  assert huge["faults"] < default["faults"] / 8, (huge, default)
   assert reuse["faults"] < 100, reuse
 
 
