@@ -32,7 +32,8 @@ The huge-page tunable needs glibc 2.35 or later and transparent huge pages in
 be asked).
 
 A program applies them by executing itself again (``exec_with_malloc_tunables``)
-before anything heavy is imported; tunables the user set are kept.
+before jax starts its runtime (importing jax first is safe, only slower: bench
+and step_profile pay about a second twice); tunables the user set are kept.
 """
 
 from __future__ import annotations
