@@ -4,12 +4,17 @@ uncertainty on a split, and the teacher-forced metrics the trainer reports.
 The parameters are restored alone, placed on the partitioner's mesh, from the
 latest (or a given) checkpoint in ``MODEL_DIR`` (local or ``gs://...``, through
 ``etils.epath``). Each pass over the data shows a progress bar on stderr.
+
+The unit of every decoded figure is a distinct source: the split's pairs are
+grouped by source, each source decoded once and scored against all of its
+references; teacher-forced token figures use every pair, summed per source.
+Every figure carries a bootstrap interval over the sources
+(``meshbayes.evaluation_items``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 import numbers
@@ -22,8 +27,9 @@ import numpy as np
 from etils import epath
 from jax.sharding import NamedSharding
 
-from meshbayes import metrics, predictive_eval
+from meshbayes import evaluation_items, metrics, predictive_eval
 from meshbayes.data import paths
+from meshbayes.metrics import bootstrap
 from meshbayes.data.pipeline import TaskData, get_task
 from meshbayes.inference import encode_lines, in_batches, read_lines, restore_params
 from meshbayes.layers import Ensemble, MCDropout, holds_posterior
@@ -83,6 +89,56 @@ def _text(ids: Iterable[int], vocabulary: Any) -> str:
   return vocabulary.decode(predictive_eval.until_eos(ids, vocabulary.eos_id))
 
 
+@dataclasses.dataclass(frozen=True)
+class Sources:
+  """A split's pairs grouped by source.
+
+  Attributes:
+    inputs: ``(n, input length)`` token ids of each distinct source, in order of first
+      appearance.
+    texts: each source's text.
+    references: each source's distinct references (texts), in order of appearance.
+    row_source: ``(rows,)`` the source of each row of the split's batches (-1: padding).
+  """
+
+  inputs: np.ndarray
+  texts: list[str]
+  references: list[list[str]]
+  row_source: np.ndarray
+
+  def sum_rows(self, per_row: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per-row arrays summed over each source's rows: ``(n, ...)`` each."""
+    present = self.row_source >= 0
+    summed = {}
+    for name, values in per_row.items():
+      total = np.zeros((len(self.texts),) + values.shape[1:], np.float64)
+      np.add.at(total, self.row_source[present], values[present])
+      summed[name] = total
+    return summed
+
+
+def group_sources(batches: Sequence[Mapping[str, np.ndarray]], input_vocabulary: Any,
+                  vocabulary: Any) -> Sources:
+  """The distinct sources of ``batches`` (by their input tokens) and their references."""
+  inputs = np.concatenate([b["encoder_input_tokens"] for b in batches])
+  targets = np.concatenate([b["decoder_target_tokens"] for b in batches])
+  present = np.flatnonzero(inputs.any(-1))
+  unique, first, inverse = np.unique(inputs[present], axis=0, return_index=True,
+                                     return_inverse=True)
+  order = np.argsort(first)
+  rank = np.empty_like(order)
+  rank[order] = np.arange(order.size)
+  row_source = np.full(len(inputs), -1)
+  row_source[present] = rank[inverse.ravel()]
+  references: list[list[str]] = [[] for _ in order]
+  for row in present:
+    reference = _text(targets[row], vocabulary)
+    if reference not in references[row_source[row]]:
+      references[row_source[row]].append(reference)
+  return Sources(unique[order], [_text(ids, input_vocabulary) for ids in unique[order]],
+                 references, row_source)
+
+
 def _shuffled_words(texts: Sequence[str], seed: int) -> list[str]:
   rng = np.random.default_rng(seed)
   return [" ".join(rng.permutation(text.split())) for text in texts]
@@ -117,23 +173,30 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
              max_ood_examples: int = 1000, temperature_scaling: bool = False,
              temperature_split: str = "validation", ensemble_dirs: Sequence[str] = (),
              sample_agreement: bool = False, mc_dropout: bool = False,
-             seed: int = 0, output_dir: str | None = None) -> dict[str, Any]:
+             seed: int = 0, output_dir: str | None = None,
+             bootstrap_resamples: int = bootstrap.DEFAULT_RESAMPLES
+             ) -> dict[str, Any]:
   """Evaluates a checkpoint on a split: quality, calibration and uncertainty.
 
   Reports the posterior-mean teacher-forced metrics (NLL, accuracy, the
   plug-in and the Monte Carlo ELBO) and token-level calibration; when
-  decoding, BLEU (sacrebleu, detokenized text), exact match and
-  sequence-level calibration error; with out-of-distribution inputs, the AUROC
-  and FPR at 95% TPR of telling them from the split's inputs by each
-  uncertainty measure (``meshbayes.predictive``). A Bayesian model is evaluated through
-  the model average of ``num_samples`` weight samples (the headline figures)
-  and through its posterior mean.
+  decoding, per distinct source: BLEU (sacrebleu, detokenized text, every
+  reference of the source), exact match, sequence-level calibration by exact
+  match (``metrics.sequence_calibration``) and error detection (the prediction
+  rejection ratio of each uncertainty measure); with out-of-distribution
+  inputs, the AUROC and FPR at 95% TPR of telling them from the split's inputs
+  by each uncertainty measure (``meshbayes.predictive``). Every figure has a
+  bootstrap interval (``intervals`` and ``ood_intervals``). A Bayesian model is
+  evaluated through the model average of ``num_samples`` weight samples (the
+  headline figures) and through its posterior mean.
 
-  Writes to ``output_dir`` (default ``MODEL_DIR/eval/<task>/``): ``metrics.json``, ``reliability.json``
-  and ``reliability.png`` (token- and sequence-level reliability diagrams),
-  ``predictions_<predictive>.jsonl``, and the metrics as TensorBoard scalars
-  (tagged ``<split>/<name>``, at the checkpoint's step) with their JSON line
-  in ``metrics.jsonl``.
+  Writes to ``output_dir`` (default ``MODEL_DIR/eval/<task>/``): ``metrics.json``,
+  ``reliability.json`` and ``reliability.png`` (token- and sequence-level
+  reliability diagrams), each predictive's items (``predictions_<predictive>.jsonl``,
+  ``token_statistics_<predictive>.npz``), ``ood_scores.npz`` (see
+  ``evaluation_items``), and the metrics as TensorBoard scalars (tagged
+  ``<split>/<name>``, at the checkpoint's step) with their JSON line in
+  ``metrics.jsonl``.
 
   Args:
     model_dir: the run's directory.
@@ -160,7 +223,8 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
     temperature_scaling: also evaluate the headline predictive temperature-scaled:
       one temperature fitted by teacher-forced NLL on ``temperature_split``
       (``predictive_eval.fit_temperature``), applied to token probabilities and
-      beam scores; reported as ``<predictive>_temperature_scaled``.
+      to the scores of the unscaled predictive's outputs (it translates the
+      same); reported as ``<predictive>_temperature_scaled``.
     temperature_split: the split the temperature is fitted on.
     ensemble_dirs: more runs of the same model (other seeds): with them, the
       latest checkpoints of ``model_dir`` and these are evaluated as one deep
@@ -179,12 +243,16 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
     seed: seed of weight samples and sampling.
     output_dir: where the results go (default ``MODEL_DIR/eval/<task>``), so that
       several evaluations of one run (checkpoints, MC dropout, an ensemble) coexist.
+    bootstrap_resamples: resamples of the bootstrap intervals (over sources).
 
   Returns:
     The metrics (also in ``metrics.json``).
   """
   if not isinstance(num_samples, int) or num_samples < 0:
     raise ValueError(f"evaluate: num_samples={num_samples!r} must be an int >= 0")
+  if not isinstance(bootstrap_resamples, int) or bootstrap_resamples < 1:
+    raise ValueError(f"evaluate: bootstrap_resamples={bootstrap_resamples!r} must be an int "
+                     ">= 1")
   partitioner = partitioner or Partitioner()
   params, step = restore_params(model_dir, model, data, partitioner, checkpoint_step)
   if mc_dropout:
@@ -221,12 +289,18 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
                                      **fit}
     variants.append(variants[0].temperature_scaled(temperature))
   result["predictives"] = [v.name for v in variants]
+  sources = group_sources(batches, get_task(data.task).output_features["inputs"].vocabulary,
+                          data.vocabulary)
+  result.update(num_pairs=int((sources.row_source >= 0).sum()), num_sources=len(sources.texts),
+                num_references=sum(map(len, sources.references)))
   reliability: dict[str, dict[str, Any]] = {}
+  token_statistics: dict[str, dict[str, np.ndarray]] = {}
   result["token_calibration"] = {}
   for variant in variants:
-    token = predictive_eval.token_calibration(
+    token, per_row = predictive_eval.token_calibration(
         model, params, progress(batches, f"token calibration ({variant.name})"), partitioner,
         variant, rng, num_bins)
+    token_statistics[variant.name] = sources.sum_rows(per_row)
     reliability[variant.name] = {"token": {k: v for k, v in token.items()
                                            if k.startswith("bin_")}}
     result["token_calibration"][variant.name] = {k: v for k, v in token.items()
@@ -234,11 +308,49 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
   result["token_ece"] = result["token_calibration"][variants[0].name]["ece"]
   out_dir = epath.Path(output_dir) if output_dir else epath.Path(model_dir) / "eval" / data.task
   out_dir.mkdir(parents=True, exist_ok=True)
+  records = {}
   if decode:
-    _decode_split(result, reliability, model, params, data, batches, partitioner, variants,
-                  rng, num_bins, out_dir, ood_files or {}, ood_shuffled_words,
-                  ood_targets_as_inputs, max_ood_examples,
-                  method=decode_method, beam_size=beam_size, sample_agreement=sample_agreement)
+    records = _decode_sources(model, params, data, sources, partitioner, variants, rng,
+                              method=decode_method, beam_size=beam_size,
+                              sample_agreement=sample_agreement)
+  result["decoding"], result["intervals"] = {}, {}
+  for variant in variants:
+    decoded = records.get(variant.name)
+    items = evaluation_items.SourceItems(
+        sources.texts, token_statistics[variant.name],
+        **({} if decoded is None else dict(
+            references=sources.references,
+            predictions=[data.vocabulary.decode(list(r.output_ids)) for r in decoded],
+            log_probs=np.array([r.log_prob for r in decoded]),
+            num_tokens=np.array([r.num_tokens for r in decoded]),
+            measures={name: np.array([r.measures[name] for r in decoded])
+                      for name in decoded[0].measures})))
+    figures = evaluation_items.intervals(items, bootstrap_resamples, num_bins=num_bins)
+    result["intervals"][variant.name] = evaluation_items.as_json(figures)
+    if items.decoded:
+      result["decoding"][variant.name] = {
+          "bleu_signature": metrics.corpus_bleu(items.predictions, items.references).signature,
+          **{name: interval.estimate for name, interval in figures.items()
+             if not name.startswith("token_")}}
+      reliability[variant.name]["sequence"] = metrics.equal_mass_reliability(
+          np.clip(np.exp(items.log_probs), 0.0, 1.0), items.exact_match, num_bins)
+    if jax.process_index() == 0:
+      evaluation_items.write_items(items, out_dir, variant.name)
+  if decode:
+    headline = result["decoding"][variants[0].name]
+    result.update(bleu=headline["bleu"], exact_match=headline["exact_match"],
+                  sequence_ece=headline["sequence_ece"])
+    ood = _ood_scores(model, params, data, sources, partitioner, variants[0], rng,
+                      ood_files or {}, ood_shuffled_words, ood_targets_as_inputs,
+                      max_ood_examples)
+    if ood is not None:
+      ood_intervals = evaluation_items.ood_intervals(ood, bootstrap_resamples)
+      result["ood"] = {name: {"num_examples": len(next(iter(ood.out_of_domain[name].values()))),
+                              **{k: v.estimate for k, v in per_measure.items()}}
+                       for name, per_measure in ood_intervals.items()}
+      result["ood_intervals"] = evaluation_items.as_json(ood_intervals)
+      if jax.process_index() == 0:
+        evaluation_items.write_ood_scores(ood, out_dir)
   if jax.process_index() == 0:  # every process holds the same results
     (out_dir / "reliability.json").write_text(json.dumps(_jsonable(reliability)))
     with (out_dir / "reliability.png").open("wb") as png:
@@ -251,72 +363,62 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
         f"{k} {v:.4g}" for k, v in result.items() if isinstance(v, float)))
   writer = MetricsWriter(out_dir, out_dir / "metrics.jsonl")
   writer.write(step, {f"{split}/{name}": value for name, value in _scalars(result).items()
-                      if name not in ("step", "num_samples")})
+                      if name not in ("step", "num_samples")
+                      and not name.startswith(("intervals/", "ood_intervals/"))})
   writer.close()
   return result
 
 
-def _decode_split(result: dict[str, Any], reliability: dict[str, dict[str, Any]],
-                  model: BaseModel, params: Any, data: TaskData, batches: list[dict[str, Any]],
-                  partitioner: Partitioner, variants: list[predictive_eval.Predictive],
-                  rng: jax.Array, num_bins: int, out_dir: epath.Path,
-                  ood_files: Mapping[str, str],
-                  ood_shuffled_words: bool, ood_targets_as_inputs: bool,
-                  max_ood_examples: int, **decode_kwargs: Any
-                  ) -> None:
-  """Decodes the split with each predictive: BLEU and sequence calibration into
-  ``result['decoding']``, the sequence reliability bins into ``reliability``, and
-  the OOD report of the headline predictive into ``result['ood']``."""
-  input_vocabulary = get_task(data.task).output_features["inputs"].vocabulary
-  vocabulary = data.vocabulary
-  inputs = np.concatenate([b["encoder_input_tokens"] for b in batches])
-  targets = np.concatenate([b["decoder_target_tokens"] for b in batches])
-  inputs, targets = inputs[inputs.any(-1)], targets[inputs.any(-1)]  # drop padding rows
-  input_texts = [_text(ids, input_vocabulary) for ids in inputs]
-  references = [_text(ids, vocabulary) for ids in targets]
-  decode = functools.partial(predictive_eval.decode_and_score, model, params,
-                             partitioner=partitioner, rng=rng,
-                             max_length=data.feature_lengths["targets"],
-                             eos_id=vocabulary.eos_id, **decode_kwargs)
-  result["decoding"] = {}
-  # A source with several references is decoded once.
-  unique_inputs, first, inverse = np.unique(inputs, axis=0, return_index=True,
-                                            return_inverse=True)
-  num_batches = lambda rows: math.ceil(len(rows) / data.batch_size)
+def _decode_sources(model: BaseModel, params: Any, data: TaskData, sources: Sources,
+                    partitioner: Partitioner, variants: list[predictive_eval.Predictive],
+                    rng: jax.Array, **decode_kwargs: Any
+                    ) -> dict[str, list[predictive_eval.Decoded]]:
+  """Each source decoded once by each predictive (a temperature-scaled one rescores its
+  unscaled self's outputs): ``{predictive: records, one per source}``."""
+  records: dict[str, list[predictive_eval.Decoded]] = {}
   for variant in variants:
-    unique_records = decode(progress(in_batches(unique_inputs, data.batch_size),
-                                     f"decoding {data.task}/{result['split']} ({variant.name})",
-                                     num_batches(unique_inputs)), predictive=variant)
-    records = [unique_records[i] for i in inverse.ravel()]
-    predictions = [vocabulary.decode(list(r.output_ids)) for r in records]
-    sequence = predictive_eval.sequence_metrics(predictions, references, records, num_bins)
-    reliability[variant.name]["sequence"] = sequence.pop("reliability")
-    result["decoding"][variant.name] = sequence
-    rows = zip(input_texts, references, predictions, records)
-    if jax.process_index() == 0:
-      (out_dir / f"predictions_{variant.name}.jsonl").write_text("".join(
-          json.dumps({"input": text, "target": reference, "prediction": prediction,
-                      "log_prob": r.log_prob, **r.measures}) + "\n"
-          for text, reference, prediction, r in rows))
-  headline = result["decoding"][variants[0].name]
-  result.update(bleu=headline["bleu"], sequence_accuracy=headline["exact_match"],
-                sequence_calibration_error=headline["sequence_calibration_error"],
-                num_decoded=headline["num_decoded"])
-  # The OOD report compares like with like: greedy outputs of as many in-domain sources
-  # as out-of-distribution inputs, scored by the headline predictive.
-  sources = [input_texts[i] for i in np.sort(first)][:max_ood_examples]
+    unscaled = variant.name.removesuffix(predictive_eval.TEMPERATURE_SCALED)
+    outputs = ([r.output_ids for r in records[unscaled]]
+               if unscaled != variant.name and unscaled in records else None)
+    records[variant.name] = predictive_eval.decode_and_score(
+        model, params, progress(in_batches(sources.inputs, data.batch_size),
+                                f"{'scoring' if outputs else 'decoding'} {data.task} sources "
+                                f"({variant.name})", math.ceil(len(sources.inputs) /
+                                                               data.batch_size)),
+        partitioner, variant, rng, max_length=data.feature_lengths["targets"],
+        eos_id=data.vocabulary.eos_id, outputs=outputs, **decode_kwargs)
+  return records
+
+
+def _ood_scores(model: BaseModel, params: Any, data: TaskData, sources: Sources,
+                partitioner: Partitioner, headline: predictive_eval.Predictive, rng: jax.Array,
+                ood_files: Mapping[str, str], ood_shuffled_words: bool,
+                ood_targets_as_inputs: bool, max_ood_examples: int
+                ) -> evaluation_items.OodScores | None:
+  """The headline predictive's uncertainty measures of greedy outputs for as many in-domain
+  sources as out-of-distribution inputs (like with like), and of each OOD set."""
+  input_vocabulary = get_task(data.task).output_features["inputs"].vocabulary
+  in_domain = sources.texts[:max_ood_examples]
   ood_inputs = {name: read_lines(paths.data_dir() / path, skip_empty=True)[:max_ood_examples]
                 for name, path in ood_files.items()}
   if ood_targets_as_inputs:
-    ood_inputs["targets_as_inputs"] = list(dict.fromkeys(references))[:max_ood_examples]
+    ood_inputs["targets_as_inputs"] = list(dict.fromkeys(
+        r for refs in sources.references for r in refs))[:max_ood_examples]
   if ood_shuffled_words:
-    ood_inputs["shuffled_words"] = _shuffled_words(sources, seed=0)
-  if ood_inputs:
-    length = data.feature_lengths["inputs"]
-    greedy = lambda lines, name: decode(
-        progress(in_batches(encode_lines(lines, input_vocabulary, length, source=name),
-                            data.batch_size), f"decoding {name} (greedy)", num_batches(lines)),
-        predictive=variants[0], method="greedy")
-    in_domain = greedy(sources, data.task)
-    ood_records = {name: greedy(lines, name) for name, lines in ood_inputs.items()}
-    result["ood"] = predictive_eval.ood_report(in_domain, ood_records)
+    ood_inputs["shuffled_words"] = _shuffled_words(in_domain, seed=0)
+  if not ood_inputs:
+    return None
+  length = data.feature_lengths["inputs"]
+
+  def measures(lines: Sequence[str], name: str) -> dict[str, np.ndarray]:
+    records = predictive_eval.decode_and_score(
+        model, params, progress(in_batches(encode_lines(lines, input_vocabulary, length,
+                                                        source=name), data.batch_size),
+                                f"decoding {name} (greedy)",
+                                math.ceil(len(lines) / data.batch_size)),
+        partitioner, headline, rng, max_length=data.feature_lengths["targets"],
+        eos_id=data.vocabulary.eos_id, method="greedy")
+    return {m: np.array([r.measures[m] for r in records]) for m in records[0].measures}
+
+  return evaluation_items.OodScores(measures(in_domain, data.task), {
+      name: measures(lines, name) for name, lines in ood_inputs.items()})

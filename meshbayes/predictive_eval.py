@@ -1,16 +1,17 @@
 """Passes over a split that measure predictions and their uncertainty.
 
-* ``token_calibration``: teacher-forced token-level calibration (ECE,
+* ``token_calibration``: teacher-forced token-level calibration statistics (ECE,
   weighted ECE, Brier, NLL, accuracy) of the posterior mean or of the model
-  average over ``S`` weight samples; the statistics are summed on device.
+  average over ``S`` weight samples, per example (for bootstrap intervals) and
+  summed.
 * ``decode_and_score``: decodes inputs, then scores each output under the
-  predictive distribution that decoded it (the same weight samples), giving its probability (sequence confidence) and
-  its per-token predictive entropy and mutual information (epistemic
-  uncertainty), averaged over the output's tokens.
-* ``sequence_metrics`` and ``ood_report`` turn those records into BLEU,
-  sequence-level calibration error and OOD AUROC.
+  predictive distribution that decoded it (the same weight samples; a
+  temperature-scaled predictive decodes at ``T = 1`` and rescales only the
+  scores), giving its probability and every uncertainty measure of
+  ``meshbayes.predictive``.
 
-The definitions are in ``meshbayes.metrics.calibration``.
+The figures made of them are in ``meshbayes.evaluation_items``; the
+definitions in ``meshbayes.metrics``.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ class Predictive:
 
   @property
   def score_options(self) -> dict[str, Any]:
-    """``score_batch``'s and ``predict_batch_with_aux``'s options for this predictive."""
+    """``score_batch``'s options for this predictive (decoding takes ``num_samples`` alone:
+    a temperature rescales scores, it does not change what is decoded)."""
     return {"num_samples": self.num_samples, "calibration_temperature": self.temperature}
 
   def temperature_scaled(self, temperature: float) -> Predictive:
@@ -86,11 +88,14 @@ def _batch_sharding(partitioner: Partitioner) -> NamedSharding:
 
 def token_calibration(model: BaseModel, params: Any, batches: Iterable[Batch],
                       partitioner: Partitioner, predictive: Predictive, rng: jax.Array,
-                      num_bins: int = metrics.DEFAULT_NUM_BINS) -> dict[str, Any]:
-  """Teacher-forced token-level calibration metrics over ``batches``.
+                      num_bins: int = metrics.DEFAULT_NUM_BINS
+                      ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+  """Teacher-forced token-level calibration over ``batches``.
 
   Returns:
-    ``metrics.token_calibration_metrics`` (scalars and per-bin arrays).
+    ``(metrics.token_calibration_metrics of the whole split, per-example statistics)``:
+    the statistics of ``metrics.token_calibration_statistics`` of each row of each
+    batch, in order (``(rows, ...)`` each; padding rows hold zeros).
   """
   param_shardings = jax.tree.map(lambda x: x.sharding, params)
 
@@ -99,16 +104,20 @@ def token_calibration(model: BaseModel, params: Any, batches: Iterable[Batch],
   def statistics(params, batch, rng):
     _, aux = model.score_batch(params, batch, rng, return_log_probs=True,
                                **predictive.score_options)
-    return metrics.token_calibration_statistics(
+    per_row = functools.partial(metrics.token_calibration_statistics, num_bins=num_bins)
+    return jax.vmap(lambda *row: per_row(*(x[None] for x in row)))(
         aux["log_probs"], batch["decoder_target_tokens"],
-        batch["decoder_loss_weights"].astype(jnp.float32), num_bins)
+        batch["decoder_loss_weights"].astype(jnp.float32))
 
-  sums = []
+  rows = []
   with partitioner.activation_rules():
     for i, batch in enumerate(batches):
-      sums.append(jax.device_get(statistics(params, partitioner.global_batch(batch),
+      rows.append(jax.device_get(statistics(params, partitioner.global_batch(batch),
                                             jax.random.fold_in(rng, i))))
-  return metrics.token_calibration_metrics(metrics.sum_statistics(sums))
+  per_example = {k: np.concatenate([np.asarray(r[k], np.float64) for r in rows])
+                 for k in rows[0]}
+  return (metrics.token_calibration_metrics({k: v.sum(0) for k, v in per_example.items()}),
+          per_example)
 
 
 def fit_temperature(model: BaseModel, params: Any, batches: Iterable[Batch],
@@ -194,16 +203,6 @@ class Decoded:
   mutual_information: float
   measures: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
-  @property
-  def confidence(self) -> float:
-    """The output's probability."""
-    return float(np.exp(self.log_prob))
-
-  @property
-  def length_normalized_confidence(self) -> float:
-    """The geometric mean of its token probabilities."""
-    return float(np.exp(self.log_prob / max(self.num_tokens, 1)))
-
 
 def until_eos(ids: Iterable[int], eos_id: int) -> list[int]:
   """The ids before the first EOS, padding dropped."""
@@ -223,24 +222,22 @@ def _as_targets(outputs: Sequence[list[int]], length: int, eos_id: int) -> Batch
 
 
 @functools.lru_cache(maxsize=16)
-def _decode_programs(model: BaseModel, predictive: Predictive, max_length: int,
-                     decode_items: tuple[tuple[str, Any], ...], param_tree: Any,
-                     param_shardings: tuple[Any, ...], batch_sharding: NamedSharding
-                     ) -> tuple[Any, Any, Any]:
+def _programs(model: BaseModel, predictive: Predictive, max_length: int,
+              decode_items: tuple[tuple[str, Any], ...], param_tree: Any,
+              param_shardings: tuple[Any, ...], batch_sharding: NamedSharding
+              ) -> tuple[Any, Any, Any]:
   """``decode_and_score``'s jitted decode, score and one-sample decode, built once per
   model, predictive and options: an evaluation decodes the split and each OOD set with
   the same programs, compiled once."""
-  decode_kwargs = dict(decode_items)
+  decode_kwargs = dict(decode_items, num_samples=predictive.num_samples, max_length=max_length)
   shardings = jax.tree.unflatten(param_tree, param_shardings)
-  decode = jax.jit(functools.partial(model.predict_batch_with_aux, max_length=max_length,
-                                     **predictive.score_options, **decode_kwargs),
+  decode = jax.jit(functools.partial(model.predict_batch_with_aux, **decode_kwargs),
                    in_shardings=(shardings, batch_sharding, None))
   score = jax.jit(functools.partial(model.score_batch, **predictive.score_options),
                   in_shardings=(shardings, batch_sharding, None))
   decode_alone = jax.jit(
       lambda params, batch, key, index: model.predict_batch_with_aux(
-          params, batch, key, max_length=max_length, sample_index=index,
-          **predictive.score_options, **decode_kwargs)[0],
+          params, batch, key, sample_index=index, **decode_kwargs)[0],
       in_shardings=(shardings, batch_sharding, None, None))
   return decode, score, decode_alone
 
@@ -248,6 +245,7 @@ def _decode_programs(model: BaseModel, predictive: Predictive, max_length: int,
 def decode_and_score(model: BaseModel, params: Any, input_batches: Iterable[np.ndarray],
                      partitioner: Partitioner, predictive: Predictive, rng: jax.Array,
                      max_length: int, eos_id: int, sample_agreement: bool = False,
+                     outputs: Sequence[Sequence[int]] | None = None,
                      **decode_kwargs: Any) -> list[Decoded]:
   """Decodes each row of ``input_batches`` (``(batch, input length)`` token ids, all-zero
   rows skipped) and scores the outputs under the same predictive distribution: for a
@@ -267,25 +265,35 @@ def decode_and_score(model: BaseModel, params: Any, input_batches: Iterable[np.n
       100 minus the mean sentence BLEU between the samples' own outputs over
       all ordered pairs (Malinin and Gales's "BLEU variance"; token ids as
       words). ``S`` more decodes.
+    outputs: score these outputs (one per non-empty row, without EOS) instead of
+      decoding: a temperature-scaled predictive scores what its unscaled self
+      decoded (a temperature rescales scores; it does not change the translation).
     **decode_kwargs: ``predict_batch_with_aux`` options (``method``, ``beam_size``).
 
   Returns:
     One record per non-empty input row, in order.
   """
   param_shardings = jax.tree.map(lambda x: x.sharding, params)
-  decode, score, decode_alone = _decode_programs(
+  decode, score, decode_alone = _programs(
       model, predictive, max_length, tuple(sorted(decode_kwargs.items())),
       jax.tree.structure(param_shardings), tuple(jax.tree.leaves(param_shardings)),
       _batch_sharding(partitioner))
   num_samples = predictive.num_samples if sample_agreement else 0
+  given = None if outputs is None else iter(outputs)
   records = []
   with partitioner.activation_rules():
     for i, inputs in enumerate(input_batches):
       key = jax.random.fold_in(rng, i)  # decode and score under the same weight samples
-      tokens, _ = decode(params, partitioner.global_batch({"encoder_input_tokens": inputs}),
-                         key)
-      outputs = [until_eos(row, eos_id) for row in jax.device_get(tokens)]
-      batch = dict(_as_targets(outputs, max_length, eos_id), encoder_input_tokens=inputs)
+      present = np.flatnonzero(inputs.any(-1))
+      if given is None:
+        tokens, _ = decode(params, partitioner.global_batch({"encoder_input_tokens": inputs}),
+                           key)
+        decoded = [until_eos(row, eos_id) for row in jax.device_get(tokens)]
+      else:
+        decoded = [[] for _ in range(len(inputs))]
+        for row in present:
+          decoded[row] = list(next(given))
+      batch = dict(_as_targets(decoded, max_length, eos_id), encoder_input_tokens=inputs)
       log_probs, aux = jax.device_get(score(params, partitioner.global_batch(batch), key))
       counts = batch["decoder_loss_weights"].sum(-1)
       measures = _measures(log_probs, aux, counts)
@@ -294,10 +302,10 @@ def decode_and_score(model: BaseModel, params: Any, input_batches: Iterable[np.n
             params, partitioner.global_batch({"encoder_input_tokens": inputs}), key, s))]
                 for s in range(num_samples)]
         measures["bleu_disagreement"] = 100.0 - np.array(
-            [pairwise_bleu([outputs[row] for outputs in each]) for row in range(len(inputs))])
-      for row in np.flatnonzero(inputs.any(-1)):
+            [pairwise_bleu([alone[row] for alone in each]) for row in range(len(inputs))])
+      for row in present:
         row_measures = {name: float(value[row]) for name, value in measures.items()}
-        records.append(Decoded(tuple(outputs[row]), float(log_probs[row]), int(counts[row]),
+        records.append(Decoded(tuple(decoded[row]), float(log_probs[row]), int(counts[row]),
                                row_measures["total_uncertainty"],
                                row_measures.get("mutual_information", 0.0), row_measures))
   return records
@@ -332,52 +340,3 @@ def _measures(log_probs: np.ndarray, aux: Mapping[str, np.ndarray], counts: np.n
   else:  # one model: its sequence-level total uncertainty is its own -log P(y | x) / L
     measures["sequence_total_uncertainty"] = -log_probs / n
   return measures
-
-
-def sequence_metrics(predictions: Sequence[str], references: Sequence[str],
-                     records: Sequence[Decoded], num_bins: int = metrics.DEFAULT_NUM_BINS
-                     ) -> dict[str, Any]:
-  """BLEU and sequence-level calibration of decoded outputs against references.
-
-  Correctness of an output is its sentence BLEU / 100; its confidence is its
-  probability (``sequence_calibration_error``) or the geometric mean of its
-  token probabilities (``..._length_normalized``).
-  """
-  bleu = metrics.corpus_bleu(predictions, references)
-  # sacrebleu can exceed 100 by a rounding error.
-  correctness = np.clip(metrics.sentence_bleus(predictions, references) / 100.0, 0.0, 1.0)
-  confidence = np.array([r.confidence for r in records])
-  normalized = np.array([r.length_normalized_confidence for r in records])
-  return {
-      "bleu": bleu.score, "bleu_signature": bleu.signature,
-      "exact_match": float(np.mean([p == r for p, r in zip(predictions, references)])),
-      "sequence_calibration_error": metrics.sequence_calibration_error(
-          confidence, correctness, num_bins),
-      "sequence_calibration_error_length_normalized": metrics.sequence_calibration_error(
-          normalized, correctness, num_bins),
-      "mean_sequence_confidence": float(confidence.mean()),
-      "mean_sentence_bleu": float(correctness.mean() * 100.0),
-      "reliability": metrics.sequence_reliability_bins(confidence, correctness, num_bins),
-      "num_decoded": len(records)}
-
-
-def ood_report(in_domain: Sequence[Decoded], out_of_domain: Mapping[str, Sequence[Decoded]]
-               ) -> dict[str, dict[str, float]]:
-  """How well each uncertainty measure tells each out-of-distribution set from the
-  in-domain inputs (higher = OOD): AUROC, FPR at 95% TPR and the two means, per
-  measure the records carry (``Decoded.measures``)."""
-  names = [name for name in in_domain[0].measures
-           if all(name in r.measures for records in (in_domain, *out_of_domain.values())
-                  for r in records)] if in_domain else []
-  report = {}
-  for ood_set, records in out_of_domain.items():
-    entry = {"num_examples": len(records)}
-    for name in names:
-      inside = [r.measures[name] for r in in_domain]
-      outside = [r.measures[name] for r in records]
-      entry[f"auroc_{name}"] = metrics.auroc(inside, outside)
-      entry[f"fpr95_{name}"] = metrics.fpr_at_tpr(inside, outside, 0.95)
-      entry[f"mean_{name}_in_domain"] = float(np.mean(inside))
-      entry[f"mean_{name}_ood"] = float(np.mean(outside))
-    report[ood_set] = entry
-  return report

@@ -269,7 +269,6 @@ class EncoderDecoderModel(BaseModel):
                              beam_size: int = 4, alpha: float = 0.6, num_decodes: int = 1,
                              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                              num_samples: int = 0, max_length: int | None = None,
-                             calibration_temperature: float = 1.0,
                              sample_index: int | Array | None = None):
     """Decodes the inputs.
 
@@ -289,9 +288,6 @@ class EncoderDecoderModel(BaseModel):
       num_samples: 0 decodes with the posterior mean; ``S > 0`` averages ``S``
         weight samples at every step (Bayesian model averaging).
       max_length: most tokens to emit, EOS included.
-      calibration_temperature: rescales the predictive distribution of every
-        step (and so the scores), as in ``score_batch``; unlike ``temperature``,
-        it applies to every method.
       sample_index: decode with weight sample ``sample_index`` alone, of the
         ``num_samples`` this ``rng`` defines (an ``Ensemble``: that member).
 
@@ -310,8 +306,7 @@ class EncoderDecoderModel(BaseModel):
     # The weight samples are score_batch's for the same rng; sampling's keys are apart.
     decode_rng = jax.random.fold_in(rng, _DECODE_STREAM)
     step_fn, reorder, cache = self.incremental_decoder(params, inputs, max_length, rng,
-                                                       num_samples, calibration_temperature,
-                                                       sample_index)
+                                                       num_samples, sample_index)
     common = dict(batch_size=batch_size, max_length=max_length, eos_id=self.eos_id,
                   vocab_mask=jnp.arange(self.config.vocab_size) != 0)
     if method == "beam":
@@ -330,7 +325,6 @@ class EncoderDecoderModel(BaseModel):
 
   def incremental_decoder(self, params: Any, inputs: Array, max_length: int,
                           rng: Array | None = None, num_samples: int = 0,
-                          calibration_temperature: float = 1.0,
                           sample_index: int | Array | None = None):
     """The step function, cache reordering and initial cache for ``models.decoding``.
 
@@ -341,13 +335,14 @@ class EncoderDecoderModel(BaseModel):
       rng: key of the weight samples (needed when ``num_samples > 0``).
       num_samples: 0 for the posterior mean, else ``S`` weight samples whose
         next-token distributions are averaged.
-      calibration_temperature: temperature of the (averaged) next-token
-        distribution.
       sample_index: keep only this one of the weight samples.
 
     Returns:
       ``(step_fn, reorder, cache)``. The cache holds, for each weight sample
       (a leading axis), the encoder outputs and the decoder's key/value cache.
+      Its rows may be several per input (beams, samples), input-major, as
+      ``models.decoding`` expands them: MC dropout then holds each input's masks
+      for all of its rows, so a hypothesis keeps its masks when beams are reordered.
     """
     keys, mean = self._sample_keys(params, rng, num_samples)
     if sample_index is not None and not mean:
@@ -389,21 +384,44 @@ class EncoderDecoderModel(BaseModel):
     cache = {"decoder": decoder_cache, "encoded": encoded, "inputs": inputs}
     decoder_batch_axis = 2 if self.config.scan_layers else 1  # after (samples[, layers])
 
+    batch_size = inputs.shape[0]
+    # Dropout draws its mask from the key for the rows it is given: to give every row of an
+    # input the same masks (those scoring draws for the input), the rows of one input are
+    # decoded as copies of a batch of the inputs (vmap over copies, the key shared).
+    masks_per_input = bool(sample_rngs(keys[0]))
+    cache_batch_axis = decoder_batch_axis - 1  # inside one sample
+
+    def decode_rows(weights, key, decoder_cache, encoded, encoder_inputs, tokens):
+      logits, state = module.apply(
+          {"params": weights, "cache": decoder_cache}, encoded, encoder_inputs,
+          tokens[:, None], deterministic=True, decode=True, max_decode_length=max_length,
+          mutable=["cache"], method=Transformer.decode, **sample_rngs(key))
+      return jax.nn.log_softmax(logits[:, 0]), state["cache"]
+
     def step_fn(tokens, cache):
+      copies = tokens.shape[0] // batch_size
+
       def one_sample(weights, key, decoder_cache, encoded):
-        logits, state = module.apply(
-            {"params": weights, "cache": decoder_cache}, encoded, cache["inputs"],
-            tokens[:, None], deterministic=True, decode=True, max_decode_length=max_length,
-            mutable=["cache"], method=Transformer.decode, **sample_rngs(key))
-        return jax.nn.log_softmax(logits[:, 0]), state["cache"]
+        if not masks_per_input or copies == 1:
+          return decode_rows(weights, key, decoder_cache, encoded, cache["inputs"], tokens)
+        split = lambda x, axis: x.reshape(x.shape[:axis] + (batch_size, copies)
+                                          + x.shape[axis + 1:])
+        merge = lambda x, axis: x.reshape(x.shape[:axis] + (-1,) + x.shape[axis + 2:])
+        cache_axes = jax.tree.map(lambda x: cache_batch_axis + 1 if x.ndim > cache_batch_axis
+                                  else None, decoder_cache)
+        cache_split = jax.tree.map(lambda x, a: x if a is None else split(x, a - 1),
+                                   decoder_cache, cache_axes)
+        log_probs, new_cache = jax.vmap(
+            functools.partial(decode_rows, weights, key), in_axes=(cache_axes, 1, 1, 1),
+            out_axes=(1, cache_axes))(cache_split, split(encoded, 0), split(cache["inputs"], 0),
+                                      split(tokens, 0))
+        return merge(log_probs, 0), jax.tree.map(
+            lambda x, a: x if a is None else merge(x, a - 1), new_cache, cache_axes)
 
       samples, decoder_cache = per_sample(one_sample, 0, 0)(weights, cache["decoder"],
                                                              cache["encoded"])
       aux = {} if mean else {"mutual_information": predictive.mutual_information(samples)}
-      average = predictive.model_average(samples)
-      if calibration_temperature != 1.0:
-        average = jax.nn.log_softmax(average / calibration_temperature)
-      return average, aux, dict(cache, decoder=decoder_cache)
+      return predictive.model_average(samples), aux, dict(cache, decoder=decoder_cache)
 
     def reorder(cache, rows):
       def take(x, axis):

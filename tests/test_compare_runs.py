@@ -10,15 +10,15 @@ BINS = {"bin_confidence": [0.1, None], "bin_accuracy": [0.2, None], "bin_count":
 def write_run(directory, predictives, bleu, ece, ood=None):
   out = directory / "eval" / "tatoeba_enfr"
   out.mkdir(parents=True)
-  token = {"ece": ece, "weighted_ece": ece / 2, "nll": 1.5, "accuracy": 0.6, "brier": 0.5}
-  decoding = {"bleu": bleu, "sequence_calibration_error": 0.3,
-              "sequence_calibration_error_length_normalized": 0.2}
-  metrics = {"step": 100, "num_samples": 4, "predictives": predictives,
-             "temperature_scaling": {"temperature": 1.234},
-             "token_calibration": {p: token for p in predictives},
-             "decoding": {p: decoding for p in predictives}}
+  interval = lambda x: {"estimate": x, "low": x - 0.01, "high": x + 0.01}
+  figures = {"bleu": interval(bleu), "token_ece": interval(ece), "sequence_ece": interval(0.003),
+             "calibration_auroc": {"estimate": None, "low": None, "high": None}}
+  metrics = {"step": 100, "num_samples": 4, "predictives": predictives, "num_sources": 60,
+             "num_pairs": 64, "temperature_scaling": {"temperature": 1.234},
+             "intervals": {p: figures for p in predictives}}
   if ood:
-    metrics["ood"] = ood
+    metrics["ood_intervals"] = {name: {k: interval(v) for k, v in values.items()}
+                                for name, values in ood.items()}
   (out / "metrics.json").write_text(json.dumps(metrics))
   (out / "reliability.json").write_text(json.dumps(
       {p: {"token": BINS, "sequence": BINS} for p in predictives}))
@@ -37,12 +37,18 @@ def test_table_has_a_column_per_predictive(tmp_path, capsys):
   assert lines[0] == ("| metric | deterministic (posterior mean) | deterministic (posterior "
                       "mean, temperature-scaled T=1.23) | Bayesian (model average, S=4) | "
                       "Bayesian (posterior mean) |")
-  assert "| BLEU | 12.50 | 12.50 | 12.00 | 12.00 |" in lines
-  assert "| token ECE (%) | 25.00 | 25.00 | 5.00 | 5.00 |" in lines
+  assert ("| BLEU | 12.50 [12.49, 12.51] | 12.50 [12.49, 12.51] | 12.00 [11.99, 12.01] | "
+          "12.00 [11.99, 12.01] |") in lines
+  assert "| token ECE (%) | 25.00 [24.00, 26.00] | 25.00 [24.00, 26.00] | 5.00 [4.00, 6.00] | " \
+      "5.00 [4.00, 6.00] |" in lines
+  assert not any(line.startswith("| sequence calibration AUROC") for line in lines)  # all NaN
   # OOD is measured with the headline predictive only.
-  assert "| OOD spanish: AUROC / FPR@95 (%) by mutual information | - | - | 0.900 / 25.0 | - |" in lines
-  assert "| OOD spanish: AUROC / FPR@95 (%) by total uncertainty | - | - | 0.800 | - |" in lines
+  assert ("| OOD spanish: AUROC / FPR@95 (%) by mutual information | - | - | "
+          "0.900 [0.890, 0.910] / 25.0 | - |") in lines
+  assert ("| OOD spanish: AUROC / FPR@95 (%) by total uncertainty | - | - | "
+          "0.800 [0.790, 0.810] | - |") in lines
   assert not any("by data uncertainty" in line for line in lines)  # rows of measures present
+  assert "| test sources (pairs) | 60 (64) | 60 (64) | 60 (64) | 60 (64) |" in lines
   assert plot.stat().st_size > 0
 
 

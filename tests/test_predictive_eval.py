@@ -97,7 +97,8 @@ def test_token_calibration_sums_the_batches(setup, num_samples):
   partitioner, params, batches = setup
   variant = predictive_eval.predictives(True, num_samples)[0]
   rng = jax.random.key(5)
-  result = predictive_eval.token_calibration(MODEL, params, batches, partitioner, variant, rng)
+  result, per_row = predictive_eval.token_calibration(MODEL, params, batches, partitioner,
+                                                      variant, rng)
   per_batch = []
   unboxed = nn.unbox(params)
   score = jax.jit(functools.partial(MODEL.score_batch, num_samples=num_samples,
@@ -110,6 +111,16 @@ def test_token_calibration_sums_the_batches(setup, num_samples):
   assert result["tokens"] == sum(b["decoder_loss_weights"].sum() for b in batches)
   for name in ("ece", "weighted_ece", "brier", "nll", "accuracy"):
     np.testing.assert_allclose(result[name], expected[name], rtol=1e-5, atol=1e-6)
+  # Per row: each row's own statistics (a row alone as a batch), padding rows zero.
+  rows = np.concatenate([b["decoder_loss_weights"] for b in batches])
+  assert per_row["tokens"].shape == (16,)
+  np.testing.assert_array_equal(per_row["tokens"], rows.sum(-1))
+  _, aux = score(unboxed, batches[0], jax.random.fold_in(rng, 0))
+  alone = metrics.token_calibration_statistics(
+      aux["log_probs"][2:3], batches[0]["decoder_target_tokens"][2:3],
+      batches[0]["decoder_loss_weights"][2:3])
+  for name, value in alone.items():
+    np.testing.assert_allclose(per_row[name][2], value, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.slow  # decodes and scores a trained model (half a minute)
@@ -146,7 +157,7 @@ def test_decode_and_score_reports_each_outputs_probability(setup):
     np.testing.assert_allclose(records[row].mutual_information,
                                float(aux["token_mutual_information"].sum()) / len(ids),
                                rtol=1e-3, atol=1e-7)
-    assert 0 < records[row].confidence <= records[row].length_normalized_confidence <= 1
+    assert records[row].log_prob <= 0
     measures = records[row].measures
     assert set(measures) == set(predictive.TOKEN_MEASURES + predictive.SEQUENCE_MEASURES
                                 + ("bleu_disagreement",))
@@ -164,27 +175,28 @@ def test_decode_and_score_reports_each_outputs_probability(setup):
                                -sample_log_probs.mean() / len(ids), rtol=1e-4)
 
 
-def test_sequence_metrics_and_ood_report():
-  record = lambda log_prob, n, mi: predictive_eval.Decoded(
-      (2,), log_prob, n, 2 * mi, mi, {"mutual_information": mi, "total_uncertainty": 2 * mi})
-  records = [record(np.log(0.9), 2, 0.1), record(np.log(0.25), 2, 0.2)]
-  result = predictive_eval.sequence_metrics(["a b c d", "x y"], ["a b c d", "p q"], records,
-                                            num_bins=10)
-  assert result["bleu"] == pytest.approx(metrics.corpus_bleu(["a b c d", "x y"],
-                                                             ["a b c d", "p q"]).score)
-  assert result["exact_match"] == 0.5
-  # Correctness 1 and 0; confidences 0.9 and 0.25 (length-normalized 0.949 and 0.5).
-  assert result["sequence_calibration_error"] == pytest.approx((0.1 + 0.25) / 2)
-  assert result["sequence_calibration_error_length_normalized"] == pytest.approx(
-      (1 - 0.9 ** 0.5 + 0.5) / 2)
-  ood = predictive_eval.ood_report(records, {"far": [record(0.0, 1, 0.3), record(0.0, 1, 0.15)]})
-  assert ood["far"]["auroc_mutual_information"] == pytest.approx(0.75)
-  assert ood["far"]["auroc_total_uncertainty"] == pytest.approx(0.75)
-  # OOD mutual informations 0.3, 0.15: the threshold flagging both also flags 0.2.
-  assert ood["far"]["fpr95_mutual_information"] == pytest.approx(0.5)
-  assert ood["far"]["mean_mutual_information_ood"] == pytest.approx(0.225)
-  # A measure some records lack (a posterior mean's) is left out, not half-reported.
-  partial = [predictive_eval.Decoded((2,), 0.0, 1, 0.5, 0.0, {"total_uncertainty": 0.5})]
-  assert set(predictive_eval.ood_report(records, {"far": partial})["far"]) == {
-      "num_examples", "auroc_total_uncertainty", "fpr95_total_uncertainty",
-      "mean_total_uncertainty_in_domain", "mean_total_uncertainty_ood"}
+def test_a_temperature_scaled_predictive_scores_its_unscaled_outputs(setup):
+  """Temperature scaling changes the scores, never the translation: given the unscaled
+  predictive's outputs, the scaled one rescores exactly those under p^(1/T)."""
+  partitioner, params, batches = setup
+  inputs = [b["encoder_input_tokens"] for b in batches]
+  plain = predictive_eval.Predictive("posterior_mean")
+  decode = functools.partial(predictive_eval.decode_and_score, MODEL, params, inputs,
+                             partitioner, rng=jax.random.key(1), max_length=LENGTH, eos_id=EOS,
+                             method="beam", beam_size=2)
+  records = decode(predictive=plain)
+  scaled = decode(predictive=plain.temperature_scaled(1.7),
+                  outputs=[r.output_ids for r in records])
+  assert [r.output_ids for r in scaled] == [r.output_ids for r in records]
+  unboxed = nn.unbox(params)
+  row = next(i for i, r in enumerate(records) if r.output_ids)
+  targets = np.zeros((1, LENGTH), np.int32)
+  ids = list(records[row].output_ids) + [EOS]
+  targets[0, :len(ids)] = ids
+  batch = {"encoder_input_tokens": inputs[0][row:row + 1], "decoder_target_tokens": targets,
+           "decoder_input_tokens": np.pad(targets[:, :-1], [(0, 0), (1, 0)]),
+           "decoder_loss_weights": (targets > 0).astype(np.float32)}
+  log_prob, _ = jax.jit(functools.partial(MODEL.score_batch, calibration_temperature=1.7))(
+      unboxed, batch)
+  np.testing.assert_allclose(scaled[row].log_prob, float(log_prob[0]), rtol=1e-5)
+  assert scaled[row].log_prob != pytest.approx(records[row].log_prob)

@@ -6,13 +6,16 @@
 Reads what ``python -m meshbayes.eval`` wrote under ``RUN/eval/<task>/``, or in a
 directory given as RUN that holds it (``evaluate.output_dir``). A
 Bayesian run gives two columns: its model average (headline) and its
-posterior mean. Calibration errors are in percent, as in the paper.
+posterior mean. Each cell is the figure and its 95% bootstrap interval over the
+test sources, ``estimate [low, high]``; calibration errors in percent.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,33 +24,67 @@ from typing import Any
 import numpy as np
 
 from meshbayes import metrics
+from meshbayes.metrics import bootstrap
 
-# (row label, getter of the value from (metrics.json, predictive name), format).
+# (row label, figure of evaluation_items.figures, scale, format).
 ROWS = (
-    ("BLEU", lambda m, p: m["decoding"][p]["bleu"], "{:.2f}"),
-    ("token ECE (%)", lambda m, p: 100 * m["token_calibration"][p]["ece"], "{:.2f}"),
-    ("token weighted ECE (%)", lambda m, p: 100 * m["token_calibration"][p]["weighted_ece"],
-     "{:.2f}"),
-    ("sequence calibration error (%)",
-     lambda m, p: 100 * m["decoding"][p]["sequence_calibration_error"], "{:.2f}"),
-    ("sequence calibration error, length-normalized (%)",
-     lambda m, p: 100 * m["decoding"][p]["sequence_calibration_error_length_normalized"],
-     "{:.2f}"),
-    ("token NLL (nats)", lambda m, p: m["token_calibration"][p]["nll"], "{:.3f}"),
-    ("token accuracy (%)", lambda m, p: 100 * m["token_calibration"][p]["accuracy"], "{:.2f}"),
-    ("Brier", lambda m, p: m["token_calibration"][p]["brier"], "{:.4f}"),
+    ("BLEU", "bleu", 1, ".2f"),
+    ("exact match (%)", "exact_match", 100, ".1f"),
+    ("mean sequence probability (%)", "mean_probability", 100, ".2f"),
+    ("sequence ECE, exact match (%)", "sequence_ece", 100, ".2f"),
+    ("sequence calibration AUROC", "calibration_auroc", 1, ".3f"),
+    ("error detection PRR, negative log-probability", "prr_negative_log_probability", 1, ".3f"),
+    ("error detection PRR, mutual information", "prr_mutual_information", 1, ".3f"),
+    ("token ECE (%)", "token_ece", 100, ".2f"),
+    ("token weighted ECE (%)", "token_weighted_ece", 100, ".2f"),
+    ("token NLL (nats)", "token_nll", 1, ".3f"),
+    ("token accuracy (%)", "token_accuracy", 100, ".2f"),
+    ("Brier", "token_brier", 1, ".4f"),
 )
-# The OOD rows' measures, in this order when present (older evaluations said "entropy").
+# The OOD rows' measures, in this order when present.
 OOD_SCORES = ("mutual_information", "reverse_mutual_information", "expected_pairwise_kl",
-              "total_uncertainty", "entropy", "data_uncertainty",
+              "total_uncertainty", "data_uncertainty",
               "sequence_reverse_mutual_information", "sequence_total_uncertainty",
               "sequence_data_uncertainty", "bleu_disagreement")
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+  """One column of the table: a predictive of one evaluation.
+
+  Attributes:
+    title: the column's title.
+    metrics: the evaluation's ``metrics.json``.
+    predictive: which of its predictives.
+    reliability: that predictive's reliability bins (``reliability.json``).
+    directory: the evaluation's directory (its per-source items).
+  """
+
+  title: str
+  metrics: dict[str, Any]
+  predictive: str
+  reliability: dict[str, Any]
+  directory: Path
+
+  @property
+  def is_headline(self) -> bool:
+    """Whether this is the evaluation's headline predictive (the one OOD is measured with)."""
+    return self.predictive == self.metrics["predictives"][0]
+
+
+def interval_text(interval: dict[str, float | None] | None, scale: float = 1.0,
+                  spec: str = ".3f") -> str:
+  """``estimate [low, high]`` of an interval stored in JSON (NaN as null), or ``-``."""
+  if not interval or interval["estimate"] is None:
+    return "-"
+  return bootstrap.Interval(**{k: math.nan if v is None else v
+                               for k, v in interval.items()}).format(spec, scale)
 
 
 def load(run: Path, task: str) -> tuple[dict[str, Any], dict[str, Any]]:
   """``(metrics.json, reliability.json)`` of a run's evaluation on ``task`` (``run`` is the
   run's directory or the evaluation's own)."""
-  directory = run if (run / "metrics.json").is_file() else run / "eval" / task
+  directory = evaluation_dir(run, task)
   try:
     return (json.loads((directory / "metrics.json").read_text()),
             json.loads((directory / "reliability.json").read_text()))
@@ -56,15 +93,20 @@ def load(run: Path, task: str) -> tuple[dict[str, Any], dict[str, Any]]:
                      f"{run} first") from None
 
 
-def columns(runs: Sequence[Path], names: Sequence[str], task: str
-            ) -> list[tuple[str, dict[str, Any], str, dict[str, Any]]]:
-  """``(column title, metrics, predictive, reliability bins)`` per column."""
+def evaluation_dir(run: Path, task: str) -> Path:
+  """The directory of a run's evaluation on ``task`` (or ``run`` itself when it is one)."""
+  return run if (run / "metrics.json").is_file() else run / "eval" / task
+
+
+def columns(runs: Sequence[Path], names: Sequence[str], task: str) -> list[Column]:
+  """A column per predictive of each run's evaluation."""
   result = []
   for run, name in zip(runs, names):
     run_metrics, reliability = load(run, task)
     for predictive in run_metrics["predictives"]:
       title = name if len(run_metrics["predictives"]) == 1 else f"{name} ({_label(predictive, run_metrics)})"
-      result.append((title, run_metrics, predictive, reliability[predictive]))
+      result.append(Column(title, run_metrics, predictive, reliability[predictive],
+                           evaluation_dir(run, task)))
   return result
 
 
@@ -78,31 +120,36 @@ def _label(predictive: str, run_metrics: dict[str, Any]) -> str:
   return label
 
 
-def _cell(getter, run_metrics, predictive, fmt) -> str:
-  try:
-    return fmt.format(getter(run_metrics, predictive))
-  except KeyError:
-    return "-"
+def reliability_arrays(reliability: dict[str, dict[str, list[float | None]]]
+                       ) -> dict[str, dict[str, np.ndarray]]:
+  """Stored reliability bins (empty bins as null) as arrays, per level."""
+  return {level: {k: np.array([np.nan if x is None else x for x in v]) for k, v in bins.items()}
+          for level, bins in reliability.items()}
 
 
-def table(cols) -> str:
-  """The markdown table: one row per metric, one column per run and predictive."""
-  header = "| metric | " + " | ".join(title for title, *_ in cols) + " |"
+def table(cols: Sequence[Column]) -> str:
+  """The markdown table: one row per figure, one column per run and predictive."""
+  header = "| metric | " + " | ".join(col.title for col in cols) + " |"
   lines = [header, "|---" * (len(cols) + 1) + "|"]
-  for label, getter, fmt in ROWS:
-    lines.append(f"| {label} | " + " | ".join(_cell(getter, m, p, fmt) for _, m, p, _ in cols)
-                 + " |")
-  ood_sets = sorted({name for _, m, _, _ in cols for name in m.get("ood", {})})
+  for label, name, scale, spec in ROWS:
+    cells = [interval_text(col.metrics.get("intervals", {}).get(col.predictive, {}).get(name),
+                           scale, spec) for col in cols]
+    if any(cell != "-" for cell in cells):
+      lines.append(f"| {label} | " + " | ".join(cells) + " |")
+  ood_sets = sorted({name for col in cols for name in col.metrics.get("ood_intervals", {})})
   for ood_set in ood_sets:  # measured with each run's headline predictive
-    entries = [m.get("ood", {}).get(ood_set, {}) if p == m["predictives"][0] else {}
-               for _, m, p, _ in cols]
+    entries = [col.metrics.get("ood_intervals", {}).get(ood_set, {}) if col.is_headline else {}
+               for col in cols]
     for score in (s for s in OOD_SCORES if any(f"auroc_{s}" in e for e in entries)):
-      cells = [f"{e[f'auroc_{score}']:.3f}" + (f" / {100 * e[f'fpr95_{score}']:.1f}"
-                                                if f"fpr95_{score}" in e else "")
+      cells = [interval_text(e.get(f"auroc_{score}")) + (
+          f" / {100 * e[f'fpr95_{score}']['estimate']:.1f}" if f"fpr95_{score}" in e else "")
                if f"auroc_{score}" in e else "-" for e in entries]
       lines.append(f"| OOD {ood_set}: AUROC / FPR@95 (%) by {score.replace('_', ' ')} | "
                    + " | ".join(cells) + " |")
-  steps = " | ".join(str(m["step"]) for _, m, _, _ in cols)
+  lines.append("| test sources (pairs) | " + " | ".join(
+      f"{col.metrics.get('num_sources', '-')} ({col.metrics.get('num_pairs', '-')})"
+      for col in cols) + " |")
+  steps = " | ".join(str(col.metrics["step"]) for col in cols)
   lines.append(f"| training steps | {steps} |")
   return "\n".join(lines)
 
@@ -129,11 +176,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   if args.markdown:
     args.markdown.write_text(text + "\n")
   if args.plot:
-    as_arrays = lambda bins: {k: np.array([np.nan if x is None else x for x in v])
-                              for k, v in bins.items()}
     metrics.plot_token_and_sequence_reliability(
-        {title: {level: as_arrays(bins) for level, bins in reliability.items()}
-         for title, _, _, reliability in cols}, args.plot, title=args.task)
+        {col.title: reliability_arrays(col.reliability) for col in cols}, args.plot,
+        title=args.task)
     print(f"reliability diagrams: {args.plot}")
   return 0
 

@@ -16,8 +16,10 @@ Methods, on the same data and architecture for the same number of steps
   feed-forward), model average of ``S`` weight samples and posterior mean;
 - ``ivon``: the deterministic Transformer trained by IVON, model average and mean.
 
-The best checkpoint of a run is the one with the lowest validation NLL of the
-trainer's periodic evaluation (the posterior mean's, for a posterior; each
+The Bayesian layers and IVON are trained with ``seeds`` seeds, the deterministic model
+with the ensemble's; each other seed is evaluated at the end of the budget too, for
+the seed spread. The best checkpoint of a run is the one with the lowest validation
+NLL of the trainer's periodic evaluation (the posterior mean's, for a posterior; each
 ensemble member its own). Runs and evaluations already complete are not redone,
 so an interrupted experiment resumes where it stopped. The report
 (``tools/experiment_report.py``) goes to ``OUT/report.md`` with its figures.
@@ -70,6 +72,9 @@ class Budget:
     task_gin: the task file evaluations read (training reads its recipe's).
     decode_method: how the test split is decoded (``beam`` or ``greedy``; OOD
       inputs are decoded greedily).
+    seeds: training seeds of the Bayesian layers and of IVON (runs ``<method>``,
+      ``<method>_seed1``, ...); the deterministic model's seed spread comes from
+      the ensemble's members.
   """
 
   train_steps: int
@@ -83,9 +88,11 @@ class Budget:
   bindings: tuple[str, ...] = ()
   task_gin: str = "tasks/tatoeba_enfr_20k.gin"
   decode_method: str = "beam"
+  seeds: int = 3
 
   def __post_init__(self):
-    for name in ("train_steps", "eval_period", "num_samples", "eval_batches", "ood_examples"):
+    for name in ("train_steps", "eval_period", "num_samples", "eval_batches", "ood_examples",
+                 "seeds"):
       if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
         raise ValueError(f"Budget: {name}={getattr(self, name)!r} must be a positive int")
     unknown = [m for m in self.methods if m not in METHODS]
@@ -109,18 +116,20 @@ class Budget:
     for method in ("bayesian", "ivon"):
       if method in self.methods:
         runs[method] = (RECIPES[method], 0)
+        runs.update({f"{method}_seed{k}": (RECIPES[method], k) for k in range(1, self.seeds)})
     return runs
 
 
 PRESETS = {
-    # make experiment: two hours on 2 CPU cores.
+    # make experiment: about two and a half hours on 2 CPU cores.
     "cpu": Budget(train_steps=3000, eval_period=250),
     # make demo: the same table, smaller.
     "demo": Budget(train_steps=1000, eval_period=250, eval_batches=4, ood_examples=128,
-                   methods=("deterministic", "mc_dropout", "bayesian"), best_checkpoint=False),
+                   methods=("deterministic", "mc_dropout", "bayesian"), best_checkpoint=False,
+                   seeds=1),
     # The test suite: the whole code path in seconds (a tiny model; a task given by --binding).
     "toy": Budget(train_steps=4, eval_period=2, ensemble_size=2, num_samples=2, eval_batches=1,
-                  ood_examples=4, decode_method="greedy", bindings=(
+                  ood_examples=4, decode_method="greedy", seeds=2, bindings=(
                       "models.TransformerConfig.emb_dim=16", "models.TransformerConfig.mlp_dim=16",
                       "models.TransformerConfig.num_heads=2",
                       "models.TransformerConfig.head_dim=8",
@@ -344,7 +353,8 @@ class Experiment:
         if not self._finished(self.out / "runs" / name)})
 
   def evaluations(self) -> dict[str, dict[str, Any]]:
-    """``{'<method>@<checkpoint>': {'dir': ..., 'args': [...]}}`` of every evaluation."""
+    """``{'<method>@<checkpoint>': {'run': ..., 'step': ..., 'extra': [...]}}`` of every
+    evaluation, and ``'<run>@final'`` for each run of another seed."""
     budget, runs = self.budget, self.out / "runs"
     found = {}
     for checkpoint in CHECKPOINTS[:2 if budget.best_checkpoint else 1]:
@@ -359,6 +369,11 @@ class Experiment:
                      for name in budget.runs if name.startswith("deterministic_seed")))]
                  }.get(method, [])
         found[f"{method}@{checkpoint}"] = {"run": run, "step": step(run), "extra": extra}
+    # Every other seed at the end of the budget, as itself: the seed spread of the
+    # deterministic model (the ensemble's members), the Bayesian layers and IVON.
+    for run in budget.runs:
+      if "_seed" in run:
+        found[f"{run}@final"] = {"run": run, "step": _final_step(runs / run), "extra": []}
     return found
 
   def evaluate(self) -> dict[str, Path]:

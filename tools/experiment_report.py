@@ -1,5 +1,7 @@
-"""The report of ``tools/experiment.py``: tables, training curves, posterior diagnostics,
-reliability diagrams and the OOD figure, from what its runs and evaluations wrote.
+"""The report of ``tools/experiment.py``: tables with intervals, paired differences
+against the deterministic model, error detection, OOD detection, the seed spread,
+training curves, posterior diagnostics and figures, from what its runs and evaluations
+wrote (each evaluation's per-source items: ``meshbayes.evaluation_items``).
 
   python -m meshbayes.tools.experiment_report runs/experiment   # rewrite the report alone
 
@@ -20,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 
 from meshbayes import checkpoints, metrics
-from meshbayes.tools import compare_runs, inspect_checkpoint
+from meshbayes.tools import compare_runs, experiment_tables, inspect_checkpoint
 from meshbayes.tools.experiment import (CHECKPOINTS, Budget, _json, _write_json, best_step,
                                         validation_curve)
 
@@ -40,6 +42,10 @@ LAYER_KINDS = (("norm", "_norm/"), ("cross_attention", "encoder_decoder_attentio
                ("self_attention", "attention/"), ("mlp", "mlp/"), ("embedding", "embedder/"),
                ("logits", "logits"), ("relative_positions", "relpos"))
 QUANTILES = (0.05, 0.5, 0.95)
+# Runs of other seeds by method: column title -> (the first seed's method, predictive).
+SEED_GROUPS = {"deterministic": ("deterministic", "posterior_mean"),
+               "Bayesian layers (S=4)": ("bayesian", "model_average"),
+               "IVON (S=4)": ("ivon", "model_average")}
 
 
 def layer_kind(name: str) -> str:
@@ -90,19 +96,20 @@ def kl_per_token(run_dir: Path) -> list[tuple[int, float]]:
           if r.get("kl_weight", 0) > 0 and "kl_term" in r]
 
 
-def _columns(results: Mapping[str, Path], checkpoint: str):
+def _columns(results: Mapping[str, Path], checkpoint: str) -> list[compare_runs.Column]:
   """compare_runs' columns of one checkpoint's evaluations, renamed per ``COLUMNS``."""
   cols = []
   for key, result_dir in results.items():
     method, at = key.split("@")
-    if at != checkpoint:
+    if at != checkpoint or method not in COLUMNS:
       continue
     run_metrics, reliability = compare_runs.load(result_dir, "")
     for predictive, title in COLUMNS[method].items():
       if predictive in run_metrics["predictives"]:
         if predictive.endswith("temperature_scaled"):
           title += f" (T={run_metrics['temperature_scaling']['temperature']:.2f})"
-        cols.append((title, run_metrics, predictive, reliability[predictive]))
+        cols.append(compare_runs.Column(title, run_metrics, predictive,
+                                        reliability[predictive], result_dir))
   return cols
 
 
@@ -112,8 +119,8 @@ def _cost_rows(results: Mapping[str, Path], checkpoint: str, runs: Path, costs: 
   the CPU time of every run it needed ("-" where one's time was not recorded)."""
   base = step_seconds(runs / "deterministic") if (runs / "deterministic").is_dir() else None
   ratios, cpu = [], []
-  for title, run_metrics, _, _ in cols:
-    method = next(m for m, names in COLUMNS.items() if title.split(" (")[0] in names.values())
+  for col in cols:
+    method = next(m for m, names in COLUMNS.items() if col.title.split(" (")[0] in names.values())
     names = ({"ensemble": sorted(p.name for p in runs.glob("deterministic*"))}
              .get(method, ["deterministic" if method in ("mc_dropout", "deterministic")
                            else method]))
@@ -155,13 +162,14 @@ def plot_curves(runs: Path, path: Path) -> None:
   plt.close(fig)
 
 
-def plot_ood(cols, path: Path, measures: Sequence[str] = (
+def plot_ood(cols: Sequence[compare_runs.Column], path: Path, measures: Sequence[str] = (
     "total_uncertainty", "mutual_information", "reverse_mutual_information",
     "sequence_total_uncertainty")) -> None:
-  """AUROC of telling each OOD set from in-domain inputs, per column and measure."""
-  plt = metrics.reliability._pyplot()
-  headline = [(t, m) for t, m, p, _ in cols if p == m["predictives"][0] and m.get("ood")]
-  sets = sorted({name for _, m in headline for name in m["ood"]})
+  """AUROC of telling each OOD set from in-domain inputs, per column and measure, with the
+  95% intervals as error bars."""
+  plt = metrics.reliability._pyplot()  # pylint: disable=protected-access
+  headline = [c for c in cols if c.is_headline and c.metrics.get("ood_intervals")]
+  sets = sorted({name for c in headline for name in c.metrics["ood_intervals"]})
   if not sets:
     return
   fig, axes = plt.subplots(1, len(sets), figsize=(4 * len(sets), 3.6), sharey=True,
@@ -169,11 +177,16 @@ def plot_ood(cols, path: Path, measures: Sequence[str] = (
   width = 0.8 / len(measures)
   for ax, ood_set in zip(axes[0], sets):
     for i, measure in enumerate(measures):
-      values = [m["ood"][ood_set].get(f"auroc_{measure}", np.nan) for _, m in headline]
-      ax.bar(np.arange(len(headline)) + i * width, values, width, label=measure.replace("_", " "))
+      entries = [c.metrics["ood_intervals"].get(ood_set, {}).get(f"auroc_{measure}")
+                 for c in headline]
+      values = np.array([e["estimate"] if e else np.nan for e in entries])
+      errors = np.array([[e["estimate"] - e["low"], e["high"] - e["estimate"]] if e
+                         else [np.nan, np.nan] for e in entries]).T
+      ax.bar(np.arange(len(headline)) + i * width, values, width, yerr=errors, capsize=2,
+             label=measure.replace("_", " "))
     ax.axhline(0.5, color="grey", linewidth=0.8)
     ax.set_xticks(np.arange(len(headline)) + 0.4 - width / 2)
-    ax.set_xticklabels([t for t, _ in headline], rotation=35, ha="right", fontsize=7)
+    ax.set_xticklabels([c.title for c in headline], rotation=35, ha="right", fontsize=7)
     ax.set_title(ood_set.replace("_", " "))
     ax.set_ylim(0, 1)
   axes[0][0].set_ylabel("OOD AUROC")
@@ -181,28 +194,6 @@ def plot_ood(cols, path: Path, measures: Sequence[str] = (
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)
-
-
-def ood_summary(cols) -> str:
-  """Per OOD set, each method's AUROC by total uncertainty (the entropy any model has), by
-  mutual information (the samples' disagreement) and by its best measure (named)."""
-  headline = [(t, m["ood"]) for t, m, p, _ in cols if p == m["predictives"][0] and m.get("ood")]
-  lines = ["| OOD set: AUROC by | " + " | ".join(t for t, _ in headline) + " |",
-           "|---" * (len(headline) + 1) + "|"]
-  for ood_set in sorted({name for _, ood in headline for name in ood}):
-    for label, measure in (("total uncertainty", "total_uncertainty"),
-                           ("mutual information", "mutual_information")):
-      cells = [f"{ood[ood_set][f'auroc_{measure}']:.3f}" if f"auroc_{measure}" in ood.get(
-          ood_set, {}) else "-" for _, ood in headline]
-      lines.append(f"| {ood_set}: {label} | " + " | ".join(cells) + " |")
-    best = []
-    for _, ood in headline:
-      scores = {k[len("auroc_"):]: v for k, v in ood.get(ood_set, {}).items()
-                if k.startswith("auroc_")}
-      name = max(scores, key=scores.get) if scores else None
-      best.append(f"{scores[name]:.3f} ({name.replace('_', ' ')})" if name else "-")
-    lines.append(f"| {ood_set}: its best measure | " + " | ".join(best) + " |")
-  return "\n".join(lines)
 
 
 def _diagnostics_table(diagnostics: Mapping[str, Mapping[str, Any]]) -> str:
@@ -216,13 +207,29 @@ def _diagnostics_table(diagnostics: Mapping[str, Mapping[str, Any]]) -> str:
   return "\n".join(lines)
 
 
+def _seed_groups(results: Mapping[str, Path]) -> dict[str, list[Path]]:
+  """Each method's evaluations of all of its seeds at the end of the budget (the first
+  seed's own evaluation first), for the methods with more than one."""
+  groups = {}
+  for title, (method, _) in SEED_GROUPS.items():
+    first = results.get(f"{method}@final")
+    others = [results[key] for key in sorted(results) if key.startswith(f"{method}_seed")]
+    if first is not None and others:
+      groups[title] = [first, *others]
+  return groups
+
+
 def write(out: Path, budget: Budget, results: Mapping[str, Path]) -> Path:
   """Writes the report of an experiment under ``out``; returns ``report.md``'s path."""
   runs, figures = out / "runs", out / "figures"
   figures.mkdir(exist_ok=True)
   costs = _json(out / "costs.json")
-  sections = [f"# The uncertainty experiment ({budget.train_steps} steps per run)", ""]
-  summary: dict[str, Any] = {"tables": {}, "best_steps": {}, "posterior": {}}
+  sections = [f"# The uncertainty experiment ({budget.train_steps} steps per run)", "",
+              "Every cell: the figure on the test sources and its 95% bootstrap interval "
+              "(1,000 resamples of the sources; OOD: of the in- and out-of-distribution "
+              "inputs).", ""]
+  summary: dict[str, Any] = {"tables": {}, "paired": {}, "ood_chosen_on_half": {},
+                             "best_steps": {}, "posterior": {}}
   for name in budget.runs:
     summary["best_steps"][name] = best_step(runs / name)
   for checkpoint in CHECKPOINTS:
@@ -233,15 +240,30 @@ def write(out: Path, budget: Budget, results: Mapping[str, Path]) -> Path:
     text[-1:-1] = _cost_rows(results, checkpoint, runs, costs, cols)
     what = ("at the end of the budget" if checkpoint == "final" else
             "at each run's best validation checkpoint (lowest validation NLL)")
+    paired, summary["paired"][checkpoint] = experiment_tables.paired_table(cols)
+    ood, summary["ood_chosen_on_half"][checkpoint] = experiment_tables.ood_table(cols)
     sections += [f"## Every method {what}", "", *text, "",
-                 "OOD detection at a glance (the full rows above):", "", ood_summary(cols), ""]
+                 "### Paired differences against the deterministic model", "",
+                 "Each method's figure minus the deterministic model's on the same resampled "
+                 "sources: better or worse when the interval excludes 0, else within noise.",
+                 "", paired, "", "### Error detection (prediction rejection ratio of the "
+                 "sentence-BLEU error)", "", experiment_tables.error_detection_table(cols), "",
+                 "### OOD detection: measures fixed in advance, and one chosen on held-out "
+                 "inputs", "", ood, ""]
     summary["tables"][checkpoint] = "\n".join(text)
     metrics.plot_token_and_sequence_reliability(
-        {title: reliability for title, _, _, reliability in _as_arrays(cols)},
+        {c.title: compare_runs.reliability_arrays(c.reliability) for c in cols},
         figures / f"reliability_{checkpoint}.png", title=f"reliability, {checkpoint} checkpoints")
     plot_ood(cols, figures / f"ood_{checkpoint}.png")
+    experiment_tables.plot_rejection(cols, figures / f"rejection_{checkpoint}.png")
     sections += [f"![reliability](figures/reliability_{checkpoint}.png)",
-                 f"![OOD AUROC](figures/ood_{checkpoint}.png)", ""]
+                 f"![OOD AUROC](figures/ood_{checkpoint}.png)",
+                 f"![rejection curves](figures/rejection_{checkpoint}.png)", ""]
+  groups = _seed_groups(results)
+  if groups:
+    seeds, summary["seeds"] = experiment_tables.seed_table(
+        groups, {title: SEED_GROUPS[title][1] for title in groups})
+    sections += ["## The spread over training seeds (end of the budget)", "", seeds, ""]
   plot_curves(runs, figures / "curves.png")
   sections += ["## Training curves", "", "![curves](figures/curves.png)", "",
                "Best validation step per run: " + ", ".join(
@@ -257,12 +279,6 @@ def write(out: Path, budget: Budget, results: Mapping[str, Path]) -> Path:
   report = out / "report.md"
   report.write_text("\n".join(sections))
   return report
-
-
-def _as_arrays(cols):
-  as_array = lambda bins: {k: np.array([np.nan if x is None else x for x in v])
-                           for k, v in bins.items()}
-  return [(t, m, p, {level: as_array(bins) for level, bins in r.items()}) for t, m, p, r in cols]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

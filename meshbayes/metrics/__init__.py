@@ -1,41 +1,67 @@
-"""Evaluation metrics: calibration, BLEU, OOD AUROC and reliability diagrams.
+"""Evaluation metrics: calibration, BLEU, OOD AUROC, error detection, bootstrap intervals
+and reliability diagrams.
 
-Pure functions without TensorFlow. The calibration definitions are stated in
-``meshbayes.metrics.calibration``; matplotlib is imported only when a
-reliability diagram is drawn.
+Pure functions without TensorFlow. The token calibration definitions are stated in
+``meshbayes.metrics.calibration``, the sequence-level ones in
+``meshbayes.metrics.sequence_calibration``; error detection (prediction rejection
+ratio) in ``meshbayes.metrics.rejection``; intervals in ``meshbayes.metrics.bootstrap``.
+matplotlib is imported only when a diagram is drawn.
 """
 
-from meshbayes.metrics.bleu import BleuResult, bleu, corpus_bleu, sentence_bleu, sentence_bleus
+from meshbayes.metrics.bleu import (
+    BleuResult,
+    bleu,
+    bleu_from_statistics,
+    bleu_statistics,
+    corpus_bleu,
+    sentence_bleu,
+    sentence_bleus,
+)
 from meshbayes.metrics.calibration import (
     DEFAULT_NUM_BINS,
     bin_indices,
     expected_calibration_error,
     reliability_bins,
-    sequence_calibration_error,
-    sequence_reliability_bins,
     sum_statistics,
     token_calibration_metrics,
     token_calibration_statistics,
 )
 from meshbayes.metrics.ood import auroc, fpr_at_tpr
+from meshbayes.metrics.rejection import prediction_rejection_ratio, rejection_curve
 from meshbayes.metrics.reliability import plot_reliability, plot_token_and_sequence_reliability
+from meshbayes.metrics.sequence_calibration import (
+    binary_ece,
+    calibration_auroc,
+    equal_mass_reliability,
+    exact_matches,
+    normalize_for_match,
+    sequence_calibration_figures,
+)
 
 __all__ = [
     "DEFAULT_NUM_BINS",
-    "BleuResult",
     "auroc",
-    "fpr_at_tpr",
     "bin_indices",
+    "binary_ece",
     "bleu",
+    "bleu_from_statistics",
+    "bleu_statistics",
+    "BleuResult",
+    "calibration_auroc",
     "corpus_bleu",
+    "equal_mass_reliability",
+    "exact_matches",
     "expected_calibration_error",
+    "fpr_at_tpr",
+    "normalize_for_match",
     "plot_reliability",
     "plot_token_and_sequence_reliability",
+    "prediction_rejection_ratio",
+    "rejection_curve",
     "reliability_bins",
     "sentence_bleu",
     "sentence_bleus",
-    "sequence_calibration_error",
-    "sequence_reliability_bins",
+    "sequence_calibration_figures",
     "sum_statistics",
     "token_calibration_metrics",
     "token_calibration_statistics",

@@ -36,19 +36,8 @@ token ``i`` with reference label ``y_i`` the model gives a distribution
 - NLL: ``(1/N) sum_i w_i (-log p_{i, y_i})`` in nats; accuracy:
   ``(1/N) sum_i w_i a_i``.
 
-Sequence level, on decoded outputs (e.g. beam search). Each output ``j`` has a
-confidence ``c_j`` in ``[0, 1]``, the model's probability of that output,
-either ``exp(sum_t log p_t)`` (the sequence probability) or the
-length-normalized ``exp(mean_t log p_t)`` (the geometric mean of the token
-probabilities; the callers choose and say which), and a correctness ``a_j`` in
-``[0, 1]``, the sentence BLEU against the reference divided by 100. The error
-has the top-label ECE's formula, with graded instead of 0/1 correctness::
-
-  SCE = sum_b (n_b / N) |mean correctness_b - mean confidence_b|
-
-The Bayesian Layers paper (Tran et al., 2019) reports a "calibration error"
-for its WMT Transformers but did not publish its exact definition, so these
-numbers are not directly comparable with its figures.
+Sequence level, on decoded outputs judged by exact match: see
+``meshbayes.metrics.sequence_calibration``.
 
 Token statistics are computed on device (``jax.numpy``, inside a jitted eval
 step) as additive sums: sum them over batches (``sum_statistics``) and turn
@@ -255,7 +244,7 @@ def reliability_bins(confidences, correctness, num_bins: int = DEFAULT_NUM_BINS,
   Args:
     confidences: ``(n,)`` values in ``[0, 1]``.
     correctness: ``(n,)`` 0/1 correctness (top-label) or graded correctness in
-      ``[0, 1]`` (sequence level: sentence BLEU / 100).
+      ``[0, 1]``.
     num_bins: number of equal-width bins.
     weights: optional ``(n,)`` non-negative weights (default 1).
 
@@ -308,28 +297,3 @@ def expected_calibration_error(confidences, correct, num_bins: int = DEFAULT_NUM
   count, sum_confidence, sum_correct, total = _bin_sums(confidences, correct, num_bins, weights)
   del count
   return _calibration_error(sum_correct, sum_confidence, total)
-
-
-def sequence_calibration_error(confidences, correctness,
-                               num_bins: int = DEFAULT_NUM_BINS) -> float:
-  """Sequence-level calibration error ``sum_b (n_b / N) |correctness_b - confidence_b|``.
-
-  Args:
-    confidences: ``(n,)`` the model's probability of each decoded output,
-      ``exp(sum_t log p_t)`` or the length-normalized ``exp(mean_t log p_t)``.
-    correctness: ``(n,)`` sentence BLEU / 100 of each output, in ``[0, 1]``.
-    num_bins: number of equal-width bins.
-
-  Returns:
-    The error in ``[0, 1]``.
-
-  >>> sequence_calibration_error([0.25, 0.75], [0.5, 0.5], num_bins=2)
-  0.25
-  """
-  return expected_calibration_error(confidences, correctness, num_bins)
-
-
-def sequence_reliability_bins(confidences, correctness,
-                              num_bins: int = DEFAULT_NUM_BINS) -> dict[str, np.ndarray]:
-  """Per-bin arrays of the sequence-level reliability diagram (see ``reliability_bins``)."""
-  return reliability_bins(confidences, correctness, num_bins)

@@ -48,8 +48,8 @@ def test_two_methods_end_to_end_at_both_checkpoints_and_resumed(data_dir, tmp_pa
   """The path of `make demo` and `make experiment` in `make test`: train, evaluate at the
   end and at the best checkpoint, report; a second call redoes nothing."""
   out, args = _run_toy(data_dir, tmp_path, "--methods=deterministic,bayesian")
-  tables = re.findall(r"^\| metric \|.*?(?=\n\n)", (out / "report.md").read_text(),
-                      flags=re.S | re.M)
+  report = (out / "report.md").read_text()
+  tables = re.findall(r"^\| metric \|.*?(?=\n\n)", report, flags=re.S | re.M)
   assert len(tables) == 2
   for table in tables:
     header = table.splitlines()[0]
@@ -59,8 +59,16 @@ def test_two_methods_end_to_end_at_both_checkpoints_and_resumed(data_dir, tmp_pa
     assert "IVON" not in header and "MC dropout" not in header
     for ood_set in OOD_SETS:
       assert f"OOD {ood_set}: AUROC / FPR@95 (%) by total uncertainty" in table
+    assert re.search(r"\| BLEU \| \d+\.\d\d \[\d+\.\d\d, \d+\.\d\d\] \|", table)
+  # Paired differences, error detection, OOD by a measure chosen on held-out inputs, seeds.
+  assert "| minus deterministic: difference [95% interval] | temperature-scaled (T=" in report
+  assert re.search(r"\| BLEU \| \+0\.00 \[\+0\.00, \+0\.00\] within noise \|", report)
+  assert "| negative log probability |" in report
+  assert "spanish: the measure chosen on the other half" in report
+  assert "| mean (lowest to highest) over seeds | Bayesian layers (S=4) (2 seeds) |" in report
   summary = json.loads((out / "report.json").read_text())
-  for run in ("deterministic", "bayesian"):
+  assert summary["seeds"]["Bayesian layers (S=4)"]["bleu"][1] >= 0
+  for run in ("deterministic", "bayesian", "bayesian_seed1"):
     curve = experiment.validation_curve(out / "runs" / run)
     assert summary["best_steps"][run] == min(curve, key=lambda p: p[1])[0]
   assert set(summary["posterior"]["bayesian"]) == {"self_attention", "cross_attention", "mlp"}

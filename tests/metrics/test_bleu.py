@@ -119,3 +119,36 @@ def test_length_mismatch_is_an_error():
     metrics.corpus_bleu(PREDICTIONS[:2], REFERENCES)
   with pytest.raises(ValueError, match="predictions but"):
     metrics.sentence_bleus(PREDICTIONS, REFERENCES[:1])
+
+
+def test_several_references_per_output_match_sacrebleu_and_the_definition():
+  """A varying number of references per output: sacrebleu's multi-reference BLEU (its
+  streams padded with None); with one reference each, the single-reference figure."""
+  references = [[REFERENCES[0], "the cat sat on the mat today"], [REFERENCES[1]],
+                [REFERENCES[2], "we went to market in the morning", "we went to the market"]]
+  result = metrics.corpus_bleu(PREDICTIONS, references)
+  streams = [[refs[k] if k < len(refs) else None for refs in references] for k in range(3)]
+  assert result.score == sacrebleu.corpus_bleu(PREDICTIONS, streams).score
+  assert result.score > metrics.corpus_bleu(PREDICTIONS, REFERENCES).score
+  assert result.signature.startswith("nrefs:var|")
+  assert metrics.corpus_bleu(PREDICTIONS, [[r] for r in REFERENCES]).score == \
+      metrics.corpus_bleu(PREDICTIONS, REFERENCES).score
+  for k, prediction in enumerate(PREDICTIONS):
+    assert metrics.sentence_bleus(PREDICTIONS, references)[k] == pytest.approx(
+        sacrebleu.sentence_bleu(prediction, references[k]).score)
+  assert metrics.sentence_bleu(PREDICTIONS[0], references[0]) == 100.0  # matches its second
+  with pytest.raises(ValueError, match=r"references\[1\]=\[\]: each output needs one or more"):
+    metrics.corpus_bleu(PREDICTIONS[:2], [["a"], []])
+
+
+def test_corpus_bleu_of_any_subset_from_summed_statistics():
+  """The bootstrap's shortcut: BLEU of resampled outputs (repeats included) from their summed
+  sufficient statistics equals BLEU of the resampled corpus itself."""
+  references = [[r, r.replace("the", "a")] for r in REFERENCES]
+  statistics = metrics.bleu_statistics(PREDICTIONS, references)
+  assert statistics.shape == (3, 10)
+  for index in ([0, 1, 2], [2, 2, 0], [1]):
+    resampled = metrics.corpus_bleu([PREDICTIONS[i] for i in index],
+                                    [references[i] for i in index]).score
+    assert metrics.bleu_from_statistics(statistics[index].sum(0)) == pytest.approx(resampled,
+                                                                                   rel=1e-12)

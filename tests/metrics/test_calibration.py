@@ -191,24 +191,24 @@ def test_1d_ece_matches_brute_force(num_bins):
   np.testing.assert_allclose(
       calibration.expected_calibration_error(confidences, correct, num_bins, weights=weights),
       brute_force_ece(confidences, correct, num_bins, weights), rtol=1e-12)
-  graded = rng.random(42).tolist()  # sequence level: correctness = sentence BLEU / 100
-  np.testing.assert_allclose(calibration.sequence_calibration_error(confidences, graded, num_bins),
+  graded = rng.random(42).tolist()  # correctness graded in [0, 1]
+  np.testing.assert_allclose(calibration.expected_calibration_error(confidences, graded, num_bins),
                              brute_force_ece(confidences, graded, num_bins), rtol=1e-12)
 
 
-def test_sequence_calibration_error_by_hand():
+def test_graded_ece_and_reliability_by_hand():
   confidences = [0.2, 0.3, 0.8, 0.9]
   correctness = [0.1, 0.5, 0.6, 0.6]
   # Two bins: [0, .5) holds conf .2, .3 (mean .25) and correctness .1, .5 (mean .3);
   # [.5, 1] holds conf .8, .9 (mean .85) and correctness .6, .6 (mean .6).
   # Error = 2/4 * |.3 - .25| + 2/4 * |.6 - .85| = .025 + .125 = 3/20.
-  assert calibration.sequence_calibration_error(confidences, correctness, num_bins=2) == \
+  assert calibration.expected_calibration_error(confidences, correctness, num_bins=2) == \
       pytest.approx(float(Fraction(3, 20)), abs=1e-12)
   # Fifteen bins: each output alone in its bin (3, 4, 12, 13), so the error is the mean gap
   # (.1 + .2 + .2 + .3) / 4 = 1/5.
-  assert calibration.sequence_calibration_error(confidences, correctness) == \
+  assert calibration.expected_calibration_error(confidences, correctness) == \
       pytest.approx(float(Fraction(1, 5)), abs=1e-12)
-  bins = calibration.sequence_reliability_bins(confidences, correctness, num_bins=2)
+  bins = calibration.reliability_bins(confidences, correctness, num_bins=2)
   np.testing.assert_allclose(bins["bin_confidence"], [0.25, 0.85])
   np.testing.assert_allclose(bins["bin_accuracy"], [0.3, 0.6])
   np.testing.assert_array_equal(bins["bin_count"], [2, 2])
@@ -236,7 +236,7 @@ def test_invalid_inputs():
   with pytest.raises(ValueError, match=r"\[0, 1\]"):
     calibration.expected_calibration_error([1.5], [1])
   with pytest.raises(ValueError, match=r"\[0, 1\]"):
-    calibration.sequence_calibration_error([0.5], [np.nan])
+    calibration.expected_calibration_error([0.5], [np.nan])
   with pytest.raises(ValueError, match="one length"):
     calibration.expected_calibration_error([0.5, 0.2], [1])
   assert math.isnan(calibration.expected_calibration_error([], []))

@@ -31,7 +31,7 @@ def test_plot_reliability_writes_png(tmp_path):
 
 def test_token_and_sequence_panels_write_png(tmp_path):
   deterministic, bayesian = curves()
-  sparse = metrics.sequence_reliability_bins([0.05, 0.95], [0.1, 0.7])  # mostly empty bins
+  sparse = metrics.equal_mass_reliability([0.05, 0.01, 0.2], [0, 0, 1])  # 3 bins of one
   path = tmp_path / "both.png"
   metrics.plot_token_and_sequence_reliability(
       {"deterministic": {"token": deterministic, "sequence": sparse},

@@ -14,6 +14,7 @@ from meshbayes import layers
 from meshbayes.models import decoding
 from meshbayes.models.encoder_decoder import EncoderDecoderModel
 from meshbayes.models.transformer import TransformerConfig
+from meshbayes.models.transformer.config import Estimators
 from tests.models.synthetic import make_batch
 
 EOS = 1
@@ -161,8 +162,27 @@ def test_incremental_logits_equal_teacher_forced_logits(scan_layers, num_samples
                                np.asarray(teacher_forced[:, i])[valid[:, i]], atol=2e-5)
 
 
-@pytest.mark.parametrize("num_samples, temperature", [(0, 1.0), (3, 1.0), (3, 1.7)])
-def test_transformer_beam_search_is_exact_when_exhaustive(num_samples, temperature):
+CANDIDATES = [(EOS, 0)] + [(a, EOS) for a in range(2, 6)]  # every output of up to 2 tokens
+
+
+def brute_force_scores(model, params, inputs, rng, num_samples):
+  """``(rows, 5)`` length-penalized scores of every candidate for each row of ``inputs``,
+  from ``score_batch`` under ``rng``: all rows scored together, so each keeps its own
+  weight samples or dropout masks."""
+  rows = inputs.shape[0]
+  log_probs = []
+  for candidate in CANDIDATES:
+    targets = jnp.asarray([candidate] * rows, jnp.int32)
+    scoring = dict(encoder_input_tokens=inputs, decoder_target_tokens=targets,
+                   decoder_input_tokens=jnp.pad(targets[:, :1], [(0, 0), (1, 0)]),
+                   decoder_loss_weights=(targets > 0).astype(jnp.float32))
+    log_probs.append(jitted(model.score_batch, num_samples=num_samples)(params, scoring, rng)[0])
+  lengths = np.array([1, 2, 2, 2, 2])
+  return np.stack(log_probs, 1) / ((5 + lengths) / 6) ** 0.6
+
+
+@pytest.mark.parametrize("num_samples", [0, 3])
+def test_transformer_beam_search_is_exact_when_exhaustive(num_samples):
   """Vocabulary of 6 (4 free tokens, EOS, padding), up to 2 tokens, beam 6: every
   sequence is considered, so beam search returns the brute-force best under
   the posterior mean or the 3-sample model average, and its score is the one
@@ -171,26 +191,39 @@ def test_transformer_beam_search_is_exact_when_exhaustive(num_samples, temperatu
   batch = {k: v[:1] for k, v in batch.items()}
   rng = jax.random.key(11)
   tokens, aux = jitted(model.predict_batch_with_aux, method="beam", beam_size=6, alpha=0.6,
-                       num_samples=num_samples, max_length=2,
-                       calibration_temperature=temperature)(params, batch, rng)
-  candidates = [(EOS, 0)] + [(a, EOS) for a in range(2, 6)]
-  targets = jnp.asarray(candidates, jnp.int32)
-  scoring = dict(encoder_input_tokens=jnp.repeat(batch["encoder_input_tokens"], 5, 0),
-                 decoder_target_tokens=targets,
-                 decoder_input_tokens=jnp.concatenate([jnp.zeros((5, 1), jnp.int32),
-                                                       targets[:, :1]], 1),
-                 decoder_loss_weights=(targets > 0).astype(jnp.float32))
+                       num_samples=num_samples, max_length=2)(params, batch, rng)
   # Scored with the decode's own rng: the same weight samples that searched.
-  log_probs, _ = jitted(model.score_batch, num_samples=num_samples,
-                        calibration_temperature=temperature)(params, scoring, rng)
-  lengths = np.array([1, 2, 2, 2, 2])
-  scores = np.asarray(log_probs) / ((5 + lengths) / 6) ** 0.6
+  scores = brute_force_scores(model, params, batch["encoder_input_tokens"], rng, num_samples)[0]
   best = int(np.argmax(scores))
-  np.testing.assert_array_equal(tokens[0], candidates[best])
+  np.testing.assert_array_equal(tokens[0], CANDIDATES[best])
   np.testing.assert_allclose(aux["scores"][0], scores[best], rtol=1e-5)
   if num_samples:
     assert aux["token_mutual_information"].shape == (1, 2)
     assert float(aux["token_mutual_information"][0, 0]) > 0
+
+
+@pytest.mark.parametrize("num_samples", [1, 2])
+def test_mc_dropout_beam_search_holds_each_sentences_masks_for_all_its_beams(num_samples):
+  """MC dropout (dropout 0.3) with S masks per sentence, two sentences, exhaustive beams:
+  every finished hypothesis of each sentence scores what the model with that sentence's
+  masks frozen gives it (``score_batch`` of the two sentences together, one candidate at
+  a time), so the search is the frozen model's: masks follow the sentence, not the beam
+  row, however beams are reordered."""
+  model, params, batch = tiny_model(estimators=Estimators.deterministic(), dropout_rate=0.3,
+                                    attention_dropout_rate=0.0)
+  mc, rng = layers.MCDropout(params), jax.random.key(5)
+  inputs = batch["encoder_input_tokens"]
+  _, aux = jitted(model.predict_batch_with_aux, method="beam", beam_size=6, alpha=0.6,
+                  num_samples=num_samples, max_length=2)(mc, {"encoder_input_tokens": inputs},
+                                                         rng)
+  frozen = brute_force_scores(model, mc, inputs, rng, num_samples)
+  plain = brute_force_scores(model, params, inputs, rng, 0)
+  assert np.abs(frozen - plain).max() > 1e-2  # the masks change the scores
+  for row in range(2):
+    order = np.argsort(-frozen[row])
+    found = [tuple(int(t) for t in seq) for seq in np.asarray(aux["all_sequences"][row])[:5]]
+    assert found == [CANDIDATES[k] for k in order]
+    np.testing.assert_allclose(aux["all_scores"][row, :5], frozen[row, order], rtol=1e-5)
 
 
 def test_predict_methods_and_errors():

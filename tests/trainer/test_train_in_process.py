@@ -218,9 +218,9 @@ def test_evaluate_infer_and_show_a_trained_run(trained, tmp_path, capsys):
   assert code == 0, err[-2000:]
   out_dir = trained / "eval" / "synthetic_reverse"
   metrics = json.loads((out_dir / "metrics.json").read_text())
-  assert metrics["step"] == 8 and metrics["num_decoded"] == 128
-  assert {"nll", "accuracy", "neg_elbo", "sequence_accuracy", "bleu", "token_ece",
-          "sequence_calibration_error"} <= set(metrics)
+  assert metrics["step"] == 8 and metrics["num_sources"] == metrics["num_pairs"] == 128
+  assert {"nll", "accuracy", "neg_elbo", "exact_match", "bleu", "token_ece",
+          "sequence_ece"} <= set(metrics)
   assert metrics["predictives"] == ["model_average", "posterior_mean",
                                     "model_average_temperature_scaled"]
   fit = metrics["temperature_scaling"]
@@ -232,6 +232,13 @@ def test_evaluate_infer_and_show_a_trained_run(trained, tmp_path, capsys):
   assert 0 <= metrics["ood"]["targets_as_inputs"]["fpr95_mutual_information"] <= 1
   for name in metrics["predictives"]:
     assert len((out_dir / f"predictions_{name}.jsonl").read_text().splitlines()) == 128
+    bleu = metrics["intervals"][name]["bleu"]
+    assert bleu["low"] <= metrics["decoding"][name]["bleu"] == bleu["estimate"] <= bleu["high"]
+  # Temperature scaling rescores the model average's outputs: the same translations.
+  assert metrics["decoding"]["model_average_temperature_scaled"]["bleu"] == \
+      metrics["decoding"]["model_average"]["bleu"]
+  auroc = metrics["ood_intervals"]["shuffled_words"]["auroc_total_uncertainty"]
+  assert auroc["low"] <= metrics["ood"]["shuffled_words"]["auroc_total_uncertainty"] <= auroc["high"]
   assert (out_dir / "reliability.png").stat().st_size > 0
   # Progress bars on stderr; the metrics as TensorBoard scalars and a JSON line too.
   assert "token calibration (model_average)" in err and "decoding shuffled_words" in err
@@ -290,7 +297,7 @@ def test_evaluate_mc_dropout_and_a_deep_ensemble_through_the_command(tmp_path, c
     assert code == 0, err[-2000:]
     results[name] = json.loads((out_dir / "metrics.json").read_text())
   for name, metrics in results.items():
-    assert metrics["num_decoded"] == 128, name
+    assert metrics["num_sources"] == 128, name
     assert "model_average" in metrics["predictives"], (name, metrics["predictives"])
     ood = metrics["ood"]["shuffled_words"]
     # Two samples that differ: the mutual information is a score, not a constant zero.

@@ -1,0 +1,368 @@
+"""What an evaluation keeps of each test item, and every figure computed from it.
+
+The item is a distinct source sentence: a source with several references is
+decoded once and scored against all of them (multi-reference BLEU, exact match
+against any reference), and its teacher-forced token statistics are the sums
+over all of its pairs. Every figure of a predictive is a function of its
+items (``figures``), so the same function gives the estimate, its bootstrap
+interval over sources (``intervals``) and the paired difference against
+another predictive evaluated on the same sources (``paired_differences``).
+
+Out-of-distribution detection keeps each input's uncertainty measures
+(``OodScores``): AUROC and FPR at 95% TPR per measure, their intervals by a
+bootstrap over in- and out-of-distribution inputs (each resampled within
+itself), and ``measure_chosen_on_half``: a measure picked on one half of the
+inputs and reported on the other, so that no figure is selected on the data it
+is reported on.
+
+An evaluation writes ``predictions_<predictive>.jsonl`` (one line per source:
+its text, references, output and scores), ``token_statistics_<predictive>.npz``
+and ``ood_scores.npz``; ``read_items`` and ``read_ood_scores`` load them again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from etils import epath
+
+from meshbayes import metrics
+from meshbayes.metrics import bootstrap, rejection, sequence_calibration
+from meshbayes.metrics.bleu import bleu_from_statistics, bleu_statistics
+
+# The length-normalized negative log-probability of an output as decoded (the error
+# detection measure every predictive has).
+NEGATIVE_LOG_PROBABILITY = "negative_log_probability"
+# Error detection measures, in the order reports show them (those an item set has).
+ERROR_MEASURES = (NEGATIVE_LOG_PROBABILITY, "sequence_total_uncertainty", "total_uncertainty",
+                  "mutual_information", "reverse_mutual_information",
+                  "sequence_reverse_mutual_information", "bleu_disagreement")
+# Figures where lower is better (the rest: higher is better, or neither: see DIRECTIONLESS).
+LOWER_IS_BETTER = ("token_ece", "token_weighted_ece", "token_nll", "token_brier", "sequence_ece",
+                   "equal_mass_ece", "abs_probability_gap")
+DIRECTIONLESS = ("mean_probability", "probability_gap", "num_items")
+OOD_SPLIT_SEED = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceItems:
+  """One predictive's results on a split, one item per distinct source.
+
+  Attributes:
+    sources: each source's text.
+    token_statistics: name -> ``(n, ...)`` teacher-forced token statistics
+      (``metrics.token_calibration_statistics``) summed over each source's pairs.
+    references: each source's references (None when the split was not decoded;
+      so for the four below).
+    predictions: each source's decoded output.
+    log_probs: ``(n,)`` log-probability of each output (EOS included) under the
+      predictive that decoded it.
+    num_tokens: ``(n,)`` tokens of each output, EOS included.
+    measures: name -> ``(n,)`` uncertainty measures of each output
+      (``predictive_eval.Decoded.measures``).
+  """
+
+  sources: Sequence[str]
+  token_statistics: Mapping[str, np.ndarray]
+  references: Sequence[Sequence[str]] | None = None
+  predictions: Sequence[str] | None = None
+  log_probs: np.ndarray | None = None
+  num_tokens: np.ndarray | None = None
+  measures: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    n = len(self.sources)
+    sizes = {len(v) for v in self.token_statistics.values()}
+    decoded = [self.references, self.predictions, self.log_probs, self.num_tokens]
+    if sizes - {n} or (any(x is None for x in decoded) and not all(x is None for x in decoded)):
+      raise ValueError(f"SourceItems: {n} sources, but token statistics of sizes {sizes} or "
+                       "only part of the decoded outputs")
+    if self.decoded and ({len(x) for x in decoded} | {len(v) for v in self.measures.values()}
+                         ) - {n}:
+      raise ValueError(f"SourceItems: {n} sources, but decoded fields of other lengths")
+
+  @property
+  def decoded(self) -> bool:
+    return self.predictions is not None
+
+  def __len__(self) -> int:
+    return len(self.sources)
+
+  @functools.cached_property
+  def sentence_bleu(self) -> np.ndarray:
+    """``(n,)`` multi-reference sentence BLEU of each output, 0 to 100."""
+    return metrics.sentence_bleus(self.predictions, self.references)
+
+  @functools.cached_property
+  def exact_match(self) -> np.ndarray:
+    """``(n,)`` whether each output matches one of its references (normalized)."""
+    return sequence_calibration.exact_matches(self.predictions, self.references)
+
+  @functools.cached_property
+  def bleu_statistics(self) -> np.ndarray:
+    """``(n, 10)`` corpus-BLEU sufficient statistics of each output."""
+    return bleu_statistics(self.predictions, self.references)
+
+  @functools.cached_property
+  def error_measures(self) -> dict[str, np.ndarray]:
+    """The uncertainty measures of ``ERROR_MEASURES`` the items have, the negative
+    log-probability per token among them."""
+    found = dict(self.measures, **{NEGATIVE_LOG_PROBABILITY: -np.asarray(self.log_probs) /
+                                   np.maximum(np.asarray(self.num_tokens), 1)})
+    return {name: np.asarray(found[name], np.float64) for name in ERROR_MEASURES if name in found}
+
+
+def token_figures(statistics: Mapping[str, np.ndarray]) -> dict[str, float]:
+  """Token-level figures from per-item statistics (summed here)."""
+  token = metrics.token_calibration_metrics({k: np.sum(v, axis=0) for k, v in statistics.items()})
+  return {"token_ece": token["ece"], "token_weighted_ece": token["weighted_ece"],
+          "token_nll": token["nll"], "token_brier": token["brier"],
+          "token_accuracy": token["accuracy"]}
+
+
+def figures(items: SourceItems, index: np.ndarray | None = None,
+            num_bins: int = metrics.DEFAULT_NUM_BINS) -> dict[str, float]:
+  """Every scalar figure of ``items`` (or of the items ``index`` picks, with repeats).
+
+  Token level: ``token_ece``, ``token_weighted_ece``, ``token_nll``, ``token_brier``,
+  ``token_accuracy``. When decoded: ``bleu`` (corpus, multi-reference),
+  ``mean_sentence_bleu``; the exact-match sequence calibration
+  (``metrics.sequence_calibration``: ``exact_match``, ``mean_probability``,
+  ``probability_gap`` and its absolute value, ``sequence_ece``, ``calibration_auroc``,
+  ``equal_mass_ece``); and ``prr_<measure>``, the prediction rejection ratio of each
+  error measure for the sentence-BLEU error ``1 - BLEU / 100``.
+  """
+  index = np.arange(len(items)) if index is None else np.asarray(index)
+  result = token_figures({k: np.asarray(v)[index] for k, v in items.token_statistics.items()})
+  result["num_items"] = float(index.size)
+  if not items.decoded:
+    return result
+  probability = np.clip(np.exp(np.asarray(items.log_probs, np.float64)[index]), 0.0, 1.0)
+  calibration = sequence_calibration.sequence_calibration_figures(
+      probability, items.exact_match[index], num_bins)
+  calibration["sequence_ece"] = calibration.pop("ece")
+  calibration["abs_probability_gap"] = abs(calibration["probability_gap"])
+  error = 1.0 - items.sentence_bleu[index] / 100.0
+  result.update(bleu=bleu_from_statistics(items.bleu_statistics[index].sum(0)),
+                mean_sentence_bleu=float(items.sentence_bleu[index].mean()), **calibration)
+  for name, values in items.error_measures.items():
+    result[f"prr_{name}"] = rejection.prediction_rejection_ratio(error, values[index])
+  return result
+
+
+def intervals(items: SourceItems, num_resamples: int = bootstrap.DEFAULT_RESAMPLES,
+              seed: int = bootstrap.DEFAULT_SEED, num_bins: int = metrics.DEFAULT_NUM_BINS
+              ) -> dict[str, bootstrap.Interval]:
+  """Every figure with its bootstrap interval over the sources."""
+  return bootstrap.bootstrap(lambda index: figures(items, index, num_bins), [len(items)],
+                             num_resamples, seed)
+
+
+def _check_same_sources(items: SourceItems, baseline: SourceItems) -> None:
+  if list(items.sources) != list(baseline.sources):
+    raise ValueError(f"paired differences need the same sources in the same order: "
+                     f"{len(items)} and {len(baseline)} sources that differ")
+
+
+def paired_differences(items: SourceItems, baseline: SourceItems,
+                       num_resamples: int = bootstrap.DEFAULT_RESAMPLES,
+                       seed: int = bootstrap.DEFAULT_SEED,
+                       num_bins: int = metrics.DEFAULT_NUM_BINS) -> dict[str, bootstrap.Interval]:
+  """``figure(items) - figure(baseline)`` for each figure both have, with intervals over
+  the same resampled sources."""
+  _check_same_sources(items, baseline)
+  return bootstrap.paired_bootstrap(lambda index: figures(items, index, num_bins),
+                                    lambda index: figures(baseline, index, num_bins),
+                                    [len(items)], num_resamples, seed)
+
+
+def higher_is_better(figure: str) -> bool | None:
+  """Which way ``figure`` improves (None: neither, e.g. the mean probability)."""
+  if figure in DIRECTIONLESS:
+    return None
+  return figure not in LOWER_IS_BETTER and not figure.startswith("fpr95_")
+
+
+# --------------------------------------------------------------------------- OOD
+
+
+@dataclasses.dataclass(frozen=True)
+class OodScores:
+  """Uncertainty measures of in-distribution inputs and of each out-of-distribution set.
+
+  Attributes:
+    in_domain: measure -> ``(n,)`` of the in-distribution inputs.
+    out_of_domain: set -> measure -> ``(m,)``.
+  """
+
+  in_domain: Mapping[str, np.ndarray]
+  out_of_domain: Mapping[str, Mapping[str, np.ndarray]]
+
+  def measures(self, ood_set: str) -> list[str]:
+    """The measures both the in-domain inputs and ``ood_set`` have."""
+    return [m for m in self.in_domain if m in self.out_of_domain[ood_set]]
+
+
+def ood_figures(in_domain: Mapping[str, np.ndarray], out_of_domain: Mapping[str, np.ndarray],
+                measures: Sequence[str]) -> dict[str, float]:
+  """``auroc_<measure>`` and ``fpr95_<measure>`` (higher measure = out of distribution)."""
+  result = {}
+  for name in measures:
+    inside, outside = np.asarray(in_domain[name]), np.asarray(out_of_domain[name])
+    result[f"auroc_{name}"] = metrics.auroc(inside, outside)
+    result[f"fpr95_{name}"] = metrics.fpr_at_tpr(inside, outside, 0.95)
+  return result
+
+
+def _resampled(scores: Mapping[str, np.ndarray], index: np.ndarray) -> dict[str, np.ndarray]:
+  return {name: np.asarray(values)[index] for name, values in scores.items()}
+
+
+def ood_intervals(scores: OodScores, num_resamples: int = bootstrap.DEFAULT_RESAMPLES,
+                  seed: int = bootstrap.DEFAULT_SEED) -> dict[str, dict[str, bootstrap.Interval]]:
+  """Per OOD set, each measure's AUROC and FPR@95 with intervals (inputs of both kinds
+  resampled)."""
+  result = {}
+  for ood_set, outside in scores.out_of_domain.items():
+    measures = scores.measures(ood_set)
+    sizes = [len(next(iter(scores.in_domain.values()))), len(next(iter(outside.values())))]
+    result[ood_set] = bootstrap.bootstrap(
+        lambda i, o: ood_figures(_resampled(scores.in_domain, i), _resampled(outside, o),
+                                 measures), sizes, num_resamples, seed)
+  return result
+
+
+def ood_paired_differences(scores: OodScores, baseline: OodScores, measure_pairs: Mapping[
+    str, tuple[str, str]], num_resamples: int = bootstrap.DEFAULT_RESAMPLES,
+                           seed: int = bootstrap.DEFAULT_SEED
+                           ) -> dict[str, dict[str, bootstrap.Interval]]:
+  """Per OOD set both have, ``AUROC(scores by a) - AUROC(baseline by b)`` for each
+  ``name: (a, b)`` of ``measure_pairs`` (the same inputs, resampled together)."""
+  result = {}
+  for ood_set in scores.out_of_domain:
+    if ood_set not in baseline.out_of_domain:
+      continue
+    pairs = {name: (a, b) for name, (a, b) in measure_pairs.items()
+             if a in scores.measures(ood_set) and b in baseline.measures(ood_set)}
+    sizes = [len(next(iter(scores.in_domain.values()))),
+             len(next(iter(scores.out_of_domain[ood_set].values())))]
+
+    def auroc_of(which: OodScores, side: int):
+      return lambda i, o: {name: metrics.auroc(
+          np.asarray(which.in_domain[measures[side]])[i],
+          np.asarray(which.out_of_domain[ood_set][measures[side]])[o])
+                           for name, measures in pairs.items()}
+
+    result[ood_set] = bootstrap.paired_bootstrap(auroc_of(scores, 0), auroc_of(baseline, 1),
+                                                 sizes, num_resamples, seed)
+  return result
+
+
+def measure_chosen_on_half(scores: OodScores, ood_set: str,
+                           num_resamples: int = bootstrap.DEFAULT_RESAMPLES,
+                           seed: int = bootstrap.DEFAULT_SEED) -> tuple[str, bootstrap.Interval]:
+  """The measure with the best AUROC on a random half of the in- and out-of-distribution
+  inputs (``OOD_SPLIT_SEED``), and its AUROC with interval on the other half."""
+  inside_size = len(next(iter(scores.in_domain.values())))
+  outside = scores.out_of_domain[ood_set]
+  outside_size = len(next(iter(outside.values())))
+  rng = np.random.default_rng(OOD_SPLIT_SEED)
+  halves = [np.array_split(rng.permutation(n), 2) for n in (inside_size, outside_size)]
+  (choose_in, report_in), (choose_out, report_out) = halves
+  chosen = _resampled(scores.in_domain, choose_in), _resampled(outside, choose_out)
+  measures = scores.measures(ood_set)
+  best = max(measures, key=lambda m: (metrics.auroc(chosen[0][m], chosen[1][m]), -measures.index(m)))
+  inside, held_out = _resampled(scores.in_domain, report_in), _resampled(outside, report_out)
+  interval = bootstrap.bootstrap(
+      lambda i, o: {"auroc": metrics.auroc(inside[best][i], held_out[best][o])},
+      [report_in.size, report_out.size], num_resamples, seed)["auroc"]
+  return best, interval
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _predictions_path(directory: epath.Path, predictive: str) -> epath.Path:
+  return directory / f"predictions_{predictive}.jsonl"
+
+
+def write_items(items: SourceItems, directory: str | epath.PathLike, predictive: str) -> None:
+  """Writes ``predictions_<predictive>.jsonl`` (when decoded) and
+  ``token_statistics_<predictive>.npz`` under ``directory``."""
+  directory = epath.Path(directory)
+  with (directory / f"token_statistics_{predictive}.npz").open("wb") as out:
+    np.savez(out, sources=np.asarray(items.sources, object).astype(str),
+             **{f"statistic/{k}": np.asarray(v) for k, v in items.token_statistics.items()})
+  if not items.decoded:
+    return
+  lines = []
+  for k, source in enumerate(items.sources):
+    lines.append(json.dumps({
+        "input": source, "references": list(items.references[k]),
+        "prediction": items.predictions[k], "log_prob": float(items.log_probs[k]),
+        "num_tokens": int(items.num_tokens[k]), "sentence_bleu": float(items.sentence_bleu[k]),
+        "exact_match": bool(items.exact_match[k]),
+        **{name: float(values[k]) for name, values in items.measures.items()}}))
+  _predictions_path(directory, predictive).write_text("\n".join(lines) + "\n")
+
+
+_RECORD_FIELDS = ("input", "references", "prediction", "log_prob", "num_tokens",
+                  "sentence_bleu", "exact_match")
+
+
+def read_items(directory: str | epath.PathLike, predictive: str) -> SourceItems:
+  """The items ``write_items`` wrote."""
+  directory = epath.Path(directory)
+  with (directory / f"token_statistics_{predictive}.npz").open("rb") as file:
+    stored = np.load(file)
+    sources = [str(s) for s in stored["sources"]]
+    statistics = {k.split("/", 1)[1]: stored[k] for k in stored.files if k.startswith("statistic/")}
+  path = _predictions_path(directory, predictive)
+  if not path.exists():
+    return SourceItems(sources, statistics)
+  records = [json.loads(line) for line in path.read_text().splitlines() if line]
+  measures = {name: np.array([r[name] for r in records], np.float64)
+              for name in records[0] if name not in _RECORD_FIELDS} if records else {}
+  return SourceItems(sources, statistics, [r["references"] for r in records],
+                     [r["prediction"] for r in records],
+                     np.array([r["log_prob"] for r in records], np.float64),
+                     np.array([r["num_tokens"] for r in records], np.int64), measures)
+
+
+def write_ood_scores(scores: OodScores, directory: str | epath.PathLike) -> None:
+  """Writes ``ood_scores.npz`` under ``directory``."""
+  arrays = {f"in_domain/{m}": np.asarray(v) for m, v in scores.in_domain.items()}
+  arrays.update({f"ood/{s}/{m}": np.asarray(v) for s, measures in scores.out_of_domain.items()
+                 for m, v in measures.items()})
+  with (epath.Path(directory) / "ood_scores.npz").open("wb") as out:
+    np.savez(out, **arrays)
+
+
+def read_ood_scores(directory: str | epath.PathLike) -> OodScores | None:
+  """The scores ``write_ood_scores`` wrote, or None when there are none."""
+  path = epath.Path(directory) / "ood_scores.npz"
+  if not path.exists():
+    return None
+  with path.open("rb") as file:
+    stored = np.load(file)
+    in_domain = {k.split("/", 1)[1]: stored[k] for k in stored.files if k.startswith("in_domain/")}
+    out_of_domain: dict[str, dict[str, np.ndarray]] = {}
+    for key in stored.files:
+      if key.startswith("ood/"):
+        _, ood_set, measure = key.split("/", 2)
+        out_of_domain.setdefault(ood_set, {})[measure] = stored[key]
+  return OodScores(in_domain, out_of_domain)
+
+
+def as_json(tree: Any) -> Any:
+  """Intervals (nested in dicts) as ``{'estimate', 'low', 'high'}`` dicts."""
+  if isinstance(tree, bootstrap.Interval):
+    return tree.as_dict()
+  if isinstance(tree, Mapping):
+    return {k: as_json(v) for k, v in tree.items()}
+  return tree

@@ -1,0 +1,72 @@
+"""Error detection by rejection: does an uncertainty measure find the bad outputs?
+
+Malinin & Gales (ICLR 2021), Section 5. Outputs are rejected in order of
+decreasing uncertainty and handed to an oracle that makes no error; the
+rejection curve is the mean error over all ``n`` outputs (rejected ones count
+0) against the fraction rejected. A random order gives the straight line from
+the mean error to 0; the oracle order (by the error itself) the lowest curve.
+The prediction rejection ratio is
+
+  PRR = (AUC_random - AUC_measure) / (AUC_random - AUC_oracle)
+
+1 for a measure that orders outputs as their errors do, about 0 for one
+unrelated to them, negative for one that rejects the good outputs first.
+Outputs of equal uncertainty are rejected in random order: the curve uses
+their mean error (the expectation over those orders). Areas are trapezoids
+over the ``n + 1`` fractions ``0, 1/n, ..., 1``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _checked(errors, uncertainties) -> tuple[np.ndarray, np.ndarray]:
+  e = np.asarray(errors, np.float64)
+  u = np.asarray(uncertainties, np.float64)
+  if e.ndim != 1 or e.shape != u.shape or e.size == 0:
+    raise ValueError(f"errors and uncertainties must be 1-D of one non-zero length; got "
+                     f"shapes {e.shape}, {u.shape}")
+  if np.isnan(e).any() or np.isnan(u).any():
+    raise ValueError("errors and uncertainties must not contain NaN")
+  return e, u
+
+
+def rejection_curve(errors, uncertainties) -> tuple[np.ndarray, np.ndarray]:
+  """``(fractions rejected, mean error)``, ``n + 1`` points each, rejecting the most
+  uncertain first (ties at their mean error).
+
+  >>> rejection_curve([1.0, 0.0, 0.5], [3.0, 1.0, 2.0])[1]
+  array([0.5       , 0.16666667, 0.        , 0.        ])
+  """
+  e, u = _checked(errors, uncertainties)
+  order = np.argsort(-u, kind="stable")
+  e, u = e[order], u[order]
+  # Equal uncertainties share their mean error.
+  starts = np.flatnonzero(np.r_[True, u[1:] != u[:-1]])
+  sums = np.add.reduceat(e, starts)
+  sizes = np.diff(np.r_[starts, e.size])
+  e = np.repeat(sums / sizes, sizes)
+  n = e.size
+  remaining = e.sum() - np.r_[0.0, np.cumsum(e)]
+  return np.arange(n + 1) / n, np.maximum(remaining, 0.0) / n
+
+
+def _area(errors, uncertainties) -> float:
+  fractions, curve = rejection_curve(errors, uncertainties)
+  return float(np.sum((curve[1:] + curve[:-1]) / 2 * np.diff(fractions)))
+
+
+def prediction_rejection_ratio(errors, uncertainties) -> float:
+  """PRR of ``uncertainties`` for ``errors`` (higher = the uncertainty finds the errors);
+  NaN when every error is the same (nothing to find).
+
+  >>> prediction_rejection_ratio([0.9, 0.1, 0.5], [3.0, 1.0, 2.0])  # the oracle's order
+  1.0
+  """
+  e, u = _checked(errors, uncertainties)
+  random = e.mean() / 2.0  # the triangle under the straight line, the same for every order
+  oracle = _area(e, e)
+  if np.isclose(random, oracle, rtol=0.0, atol=1e-12):
+    return float("nan")
+  return float((random - _area(e, u)) / (random - oracle))

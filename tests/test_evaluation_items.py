@@ -1,0 +1,124 @@
+"""Per-source evaluation items: every figure against its direct computation, intervals,
+paired differences, OOD selection on a held-out half, and the files' round trip."""
+
+import numpy as np
+import pytest
+
+from meshbayes import evaluation_items, metrics
+from meshbayes.evaluation_items import OodScores, SourceItems
+
+WORDS = "le chat noir dort sur un tapis rouge ce soir".split()
+
+
+def token_statistics(rng, n):
+  """Per-source token statistics of random predictive distributions (rows summed)."""
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  log_probs = np.log(rng.dirichlet(np.full(5, 0.5), size=(n, 4)))
+  targets = rng.integers(0, 5, size=(n, 4))
+  per_source = [metrics.token_calibration_statistics(jnp.asarray(log_probs[i:i + 1]),
+                                                     jnp.asarray(targets[i:i + 1]),
+                                                     jnp.ones((1, 4))) for i in range(n)]
+  return {k: np.stack([np.asarray(s[k], np.float64) for s in per_source]) for k in per_source[0]}
+
+
+def make_items(seed, n=60, quality=0.5):
+  rng = np.random.default_rng(seed)
+  statistics = token_statistics(rng, n)  # drawn first: the same for any quality
+  references, predictions = [], []
+  for k in range(n):
+    ref = " ".join(rng.choice(WORDS, size=5))
+    references.append([ref] + ([ref.replace("chat", "chien")] if k % 3 == 0 else []))
+    words = ref.split()
+    predictions.append(" ".join(w if rng.random() < quality else rng.choice(WORDS)
+                                for w in words))
+  log_probs = np.log(rng.uniform(0.01, 0.9, size=n))
+  return SourceItems([f"source {k}" for k in range(n)], statistics, references,
+                     predictions, log_probs, rng.integers(3, 9, size=n),
+                     {"total_uncertainty": rng.random(n), "mutual_information": rng.random(n)})
+
+
+def test_figures_are_the_metrics_of_their_parts():
+  items = make_items(0)
+  figures = evaluation_items.figures(items)
+  assert figures["bleu"] == pytest.approx(metrics.corpus_bleu(items.predictions,
+                                                              items.references).score)
+  sentence = metrics.sentence_bleus(items.predictions, items.references)
+  assert figures["mean_sentence_bleu"] == pytest.approx(sentence.mean())
+  token = metrics.token_calibration_metrics({k: v.sum(0) for k, v in
+                                              items.token_statistics.items()})
+  assert figures["token_ece"] == pytest.approx(token["ece"])
+  assert figures["token_nll"] == pytest.approx(token["nll"])
+  p = np.exp(items.log_probs)
+  matches = metrics.exact_matches(items.predictions, items.references)
+  assert 0 < matches.sum() < len(items)
+  assert figures["exact_match"] == matches.mean()
+  assert figures["sequence_ece"] == pytest.approx(metrics.binary_ece(p, matches))
+  assert figures["calibration_auroc"] == pytest.approx(metrics.calibration_auroc(p, matches))
+  error = 1 - sentence / 100
+  assert figures["prr_mutual_information"] == pytest.approx(
+      metrics.prediction_rejection_ratio(error, items.measures["mutual_information"]))
+  assert figures["prr_negative_log_probability"] == pytest.approx(
+      metrics.prediction_rejection_ratio(error, -items.log_probs / items.num_tokens))
+  # A resample with repeats is the figure of the repeated items.
+  index = np.array([3, 3, 7, 1])
+  assert evaluation_items.figures(items, index)["token_nll"] == pytest.approx(
+      metrics.token_calibration_metrics({k: v[index].sum(0) for k, v in
+                                         items.token_statistics.items()})["nll"])
+
+
+def test_intervals_hold_the_estimate_and_paired_differences_are_paired():
+  worse, better = make_items(1, quality=0.4), make_items(1, quality=0.8)
+  intervals = evaluation_items.intervals(better, num_resamples=200)
+  for name, interval in intervals.items():
+    if np.isfinite(interval.estimate) and name != "num_items":
+      assert interval.low <= interval.estimate <= interval.high, name
+  difference = evaluation_items.paired_differences(better, worse, num_resamples=200)
+  assert difference["bleu"].low > 0  # the same sources, better outputs
+  assert difference["token_nll"].estimate == difference["token_nll"].low == 0.0  # same stats
+  assert evaluation_items.higher_is_better("bleu") and not evaluation_items.higher_is_better(
+      "sequence_ece") and evaluation_items.higher_is_better("mean_probability") is None
+  other = SourceItems(["another"] * 60, better.token_statistics, better.references,
+                      better.predictions, better.log_probs, better.num_tokens)
+  with pytest.raises(ValueError, match="the same sources in the same order"):
+    evaluation_items.paired_differences(other, worse)
+
+
+def test_ood_intervals_and_the_measure_chosen_on_the_other_half():
+  rng = np.random.default_rng(2)
+  inside = {"good": rng.normal(0, 1, 200), "noise": rng.random(200)}
+  outside = {"good": rng.normal(3, 1, 100), "noise": rng.random(100)}
+  scores = OodScores(inside, {"far": outside})
+  intervals = evaluation_items.ood_intervals(scores, num_resamples=200)["far"]
+  assert intervals["auroc_good"].estimate == metrics.auroc(inside["good"], outside["good"])
+  assert intervals["auroc_good"].low > 0.95 and intervals["auroc_noise"].low < 0.5
+  best, held_out = evaluation_items.measure_chosen_on_half(scores, "far", num_resamples=200)
+  assert best == "good" and held_out.low > 0.95
+  # Paired against a baseline whose "good" is noise: clearly better.
+  baseline = OodScores({"good": inside["noise"]}, {"far": {"good": outside["noise"]}})
+  paired = evaluation_items.ood_paired_differences(scores, baseline, {"good": ("good", "good")},
+                                                   num_resamples=200)
+  assert paired["far"]["good"].low > 0.3
+
+
+def test_items_and_ood_scores_survive_their_files(tmp_path):
+  items = make_items(3, n=10)
+  evaluation_items.write_items(items, tmp_path, "model_average")
+  again = evaluation_items.read_items(tmp_path, "model_average")
+  assert list(again.sources) == list(items.sources) and again.predictions == items.predictions
+  assert again.references == items.references
+  np.testing.assert_array_equal(again.log_probs, items.log_probs)
+  np.testing.assert_array_equal(again.measures["mutual_information"],
+                                items.measures["mutual_information"])
+  for name, values in items.token_statistics.items():
+    np.testing.assert_array_equal(again.token_statistics[name], values)
+  assert evaluation_items.figures(again) == pytest.approx(evaluation_items.figures(items),
+                                                         nan_ok=True)
+  undecoded = SourceItems(items.sources, items.token_statistics)
+  evaluation_items.write_items(undecoded, tmp_path, "posterior_mean")
+  assert not evaluation_items.read_items(tmp_path, "posterior_mean").decoded
+  scores = OodScores({"a": np.arange(3.0)}, {"x": {"a": np.ones(2)}, "y": {"a": np.zeros(4)}})
+  evaluation_items.write_ood_scores(scores, tmp_path)
+  loaded = evaluation_items.read_ood_scores(tmp_path)
+  assert set(loaded.out_of_domain) == {"x", "y"}
+  np.testing.assert_array_equal(loaded.out_of_domain["y"]["a"], np.zeros(4))
+  assert evaluation_items.read_ood_scores(tmp_path / "nothing") is None
