@@ -376,17 +376,22 @@ class Experiment:
         found[f"{run}@final"] = {"run": run, "step": _final_step(runs / run), "extra": []}
     return found
 
-  def evaluate(self) -> dict[str, Path]:
-    """Evaluates every method at each checkpoint; returns their result directories. A
-    best checkpoint that is the final one is evaluated once (its result is the final's)."""
-    budget, results, commands, evaluated = self.budget, {}, {}, {}
+  def result_dirs(self) -> dict[str, Path]:
+    """Each evaluation's result directory; a best checkpoint that is the final one shares
+    the final's (it is evaluated once)."""
+    results, evaluated = {}, {}
     for key, spec in self.evaluations().items():
       same = (spec["run"], spec["step"], tuple(spec["extra"]))
-      if same in evaluated:  # a best checkpoint that is the final one
-        results[key] = evaluated[same]
-        continue
-      result_dir = evaluated[same] = results[key] = self.out / "eval" / key.replace("@", "_")
-      if not (result_dir / "metrics.json").is_file():
+      results[key] = evaluated.setdefault(same, self.out / "eval" / key.replace("@", "_"))
+    return results
+
+  def evaluate(self) -> dict[str, Path]:
+    """Evaluates every method at each checkpoint (each result directory once); returns
+    ``result_dirs()``."""
+    budget, results, commands = self.budget, self.result_dirs(), {}
+    for key, spec in self.evaluations().items():
+      result_dir = results[key]
+      if result_dir.name == key.replace("@", "_") and not (result_dir / "metrics.json").is_file():
         commands[f"eval {key}"] = ("eval", self._eval_args(
             self.out / "runs" / spec["run"], result_dir, "evaluate.split='test'",
             f"evaluate.checkpoint_step={spec['step']}",

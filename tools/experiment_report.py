@@ -236,6 +236,12 @@ def write(out: Path, budget: Budget, results: Mapping[str, Path]) -> Path:
     cols = _columns(results, checkpoint)
     if not cols:
       continue
+    if checkpoint != CHECKPOINTS[0] and [c.directory for c in cols] == [
+        c.directory for c in _columns(results, CHECKPOINTS[0])]:
+      sections += ["## Every method at each run's best validation checkpoint", "",
+                   "Every run's best validation checkpoint (lowest validation NLL) is its "
+                   "last: the tables above are also the early-stopped ones.", ""]
+      continue
     text = compare_runs.table(cols).splitlines()
     text[-1:-1] = _cost_rows(results, checkpoint, runs, costs, cols)
     what = ("at the end of the budget" if checkpoint == "final" else
@@ -293,8 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   budget_json.pop("preset")
   budget_json.pop("bindings")
   budget = Budget(**{k: tuple(v) if isinstance(v, list) else v for k, v in budget_json.items()})
-  results = {key: args.out / "eval" / key.replace("@", "_")
-             for key in experiment.Experiment(budget, args.out, experiment.Runner()).evaluations()}
+  results = experiment.Experiment(budget, args.out, experiment.Runner()).result_dirs()
   print(write(args.out, budget, results).read_text())
   return 0
 

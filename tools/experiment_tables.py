@@ -159,8 +159,9 @@ def seed_table(groups: Mapping[str, Sequence[Path]], predictives: Mapping[str, s
 
 def plot_rejection(cols: Sequence[Column], path: Path,
                    measure: str = evaluation_items.NEGATIVE_LOG_PROBABILITY) -> None:
-  """Each decoded column's rejection curve by ``measure`` (solid) and its oracle's
-  (dotted): the mean sentence-BLEU error as the most uncertain outputs are rejected."""
+  """Each decoded column's rejection curve by ``measure`` (solid) and its oracle's (dotted),
+  as the error removed beyond random rejection: the random order's mean error minus the
+  curve's (the PRR is the solid area over the dotted one)."""
   plt = metrics.reliability._pyplot()  # pylint: disable=protected-access
   fig, ax = plt.subplots(figsize=(6, 4.2))
   for col in cols:
@@ -168,11 +169,13 @@ def plot_rejection(cols: Sequence[Column], path: Path,
       continue
     items = evaluation_items.read_items(col.directory, col.predictive)
     error = 1.0 - items.sentence_bleu / 100.0
-    line, = ax.plot(*metrics.rejection_curve(error, items.error_measures[measure]),
-                    label=col.title)
-    ax.plot(*metrics.rejection_curve(error, error), linestyle=":", color=line.get_color())
+    fractions, curve = metrics.rejection_curve(error, items.error_measures[measure])
+    random = error.mean() * (1.0 - fractions)
+    line, = ax.plot(fractions, random - curve, label=col.title)
+    ax.plot(fractions, random - metrics.rejection_curve(error, error)[1], linestyle=":",
+            color=line.get_color())
   ax.set(xlabel="fraction rejected (most uncertain first)",
-         ylabel="mean error, 1 - sentence BLEU / 100",
+         ylabel="mean error removed beyond random rejection",
          title=f"rejection by {measure.replace('_', ' ')} (dotted: each one's oracle)")
   ax.legend(fontsize=7)
   fig.tight_layout()

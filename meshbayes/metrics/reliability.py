@@ -101,16 +101,16 @@ def plot_token_and_sequence_reliability(results: Mapping[str, Mapping[str, Curve
     title: figure title.
   """
   plt = _pyplot()
-  fig, axes = plt.subplots(2, 2, figsize=(9, 6), gridspec_kw={"height_ratios": [3, 1]},
-                           sharex="col")
+  fig, axes = plt.subplots(2, 2, figsize=(9, 6), gridspec_kw={"height_ratios": [3, 1]})
+  axes[0, 0].sharex(axes[1, 0])
+  axes[0, 0].tick_params(labelbottom=False)
   for column, (level, ylabel) in enumerate([("token", "accuracy"),
                                             ("sequence", "exact-match rate")]):
     curves = {name: levels[level] for name, levels in results.items() if level in levels}
     sequence = level == "sequence"
     _draw(axes[0, column], axes[1, column], curves, ylabel,
           extent=_extent(curves) if sequence and curves else 1.0, equal_mass=sequence)
-    axes[0, column].set_title("token level" if not sequence else
-                              "sequence level (equal-mass bins of the output's probability)",
+    axes[0, column].set_title("sequence level, by exact match" if sequence else "token level",
                               fontsize="medium")
   if title:
     fig.suptitle(title)
