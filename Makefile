@@ -35,11 +35,13 @@ data: $(STAMP)
 DEMO_DIR := runs/demo
 DEMO_METHODS ?= deterministic,mc_dropout,bayesian
 # `make experiment`: every method, each at the end of the budget and at its best validation
-# checkpoint, with the training curves and posterior diagnostics (docs/uncertainty.md):
-# six training runs, two at a time, and the evaluations: 77 minutes on 2 cores (measured
-# from a fresh clone, install and data included). `python -m meshbayes.tools.experiment --preset=cpu
-# --out=runs/experiment` resumes an interrupted one; the tuning grids that chose each
-# method's settings are separate commands (docs/uncertainty.md).
+# checkpoint, with intervals, paired differences, the seed spread, the training curves and
+# posterior diagnostics (docs/uncertainty.md): ten training runs (3 seeds of the Bayesian
+# layers and of IVON, 4 deterministic), two at a time, and twelve evaluations: 138
+# minutes on 2 cores (measured from a fresh clone, install and data included).
+# `python -m meshbayes.tools.experiment --preset=cpu --out=runs/experiment` resumes an
+# interrupted one; the tuning grids that chose each method's settings are separate
+# commands (docs/uncertainty.md).
 EXPERIMENT_DIR := runs/experiment
 
 demo: data

@@ -75,6 +75,7 @@ class Budget:
     seeds: training seeds of the Bayesian layers and of IVON (runs ``<method>``,
       ``<method>_seed1``, ...); the deterministic model's seed spread comes from
       the ensemble's members.
+    bootstrap_resamples: resamples of every interval (evaluations and report).
   """
 
   train_steps: int
@@ -89,10 +90,11 @@ class Budget:
   task_gin: str = "tasks/tatoeba_enfr_20k.gin"
   decode_method: str = "beam"
   seeds: int = 3
+  bootstrap_resamples: int = 1000
 
   def __post_init__(self):
     for name in ("train_steps", "eval_period", "num_samples", "eval_batches", "ood_examples",
-                 "seeds"):
+                 "seeds", "bootstrap_resamples"):
       if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
         raise ValueError(f"Budget: {name}={getattr(self, name)!r} must be a positive int")
     unknown = [m for m in self.methods if m not in METHODS]
@@ -129,7 +131,8 @@ PRESETS = {
                    seeds=1),
     # The test suite: the whole code path in seconds (a tiny model; a task given by --binding).
     "toy": Budget(train_steps=4, eval_period=2, ensemble_size=2, num_samples=2, eval_batches=1,
-                  ood_examples=4, decode_method="greedy", seeds=2, bindings=(
+                  ood_examples=4, decode_method="greedy", seeds=2, bootstrap_resamples=50,
+                  bindings=(
                       "models.TransformerConfig.emb_dim=16", "models.TransformerConfig.mlp_dim=16",
                       "models.TransformerConfig.num_heads=2",
                       "models.TransformerConfig.head_dim=8",
@@ -309,7 +312,8 @@ class Experiment:
     budget = self.budget
     return ["--gin_file=runs/eval.gin", f"--gin_file={budget.task_gin}", *self._gin(
         f"MODEL_DIR='{run_dir}'", "BATCH_SIZE=64", f"evaluate.num_samples={budget.num_samples}",
-        f"evaluate.output_dir='{result_dir}'", *bindings)]
+        f"evaluate.output_dir='{result_dir}'",
+        f"evaluate.bootstrap_resamples={budget.bootstrap_resamples}", *bindings)]
 
   def _finished(self, run_dir: Path) -> bool:
     return (run_dir / "checkpoints" / str(self.budget.train_steps)).is_dir()

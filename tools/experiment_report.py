@@ -226,8 +226,8 @@ def write(out: Path, budget: Budget, results: Mapping[str, Path]) -> Path:
   costs = _json(out / "costs.json")
   sections = [f"# The uncertainty experiment ({budget.train_steps} steps per run)", "",
               "Every cell: the figure on the test sources and its 95% bootstrap interval "
-              "(1,000 resamples of the sources; OOD: of the in- and out-of-distribution "
-              "inputs).", ""]
+              f"({budget.bootstrap_resamples:,} resamples of the sources; OOD: of the in- and "
+              "out-of-distribution inputs).", ""]
   summary: dict[str, Any] = {"tables": {}, "paired": {}, "ood_chosen_on_half": {},
                              "best_steps": {}, "posterior": {}}
   for name in budget.runs:
@@ -246,8 +246,10 @@ def write(out: Path, budget: Budget, results: Mapping[str, Path]) -> Path:
     text[-1:-1] = _cost_rows(results, checkpoint, runs, costs, cols)
     what = ("at the end of the budget" if checkpoint == "final" else
             "at each run's best validation checkpoint (lowest validation NLL)")
-    paired, summary["paired"][checkpoint] = experiment_tables.paired_table(cols)
-    ood, summary["ood_chosen_on_half"][checkpoint] = experiment_tables.ood_table(cols)
+    paired, summary["paired"][checkpoint] = experiment_tables.paired_table(
+        cols, budget.bootstrap_resamples)
+    ood, summary["ood_chosen_on_half"][checkpoint] = experiment_tables.ood_table(
+        cols, budget.bootstrap_resamples)
     sections += [f"## Every method {what}", "", *text, "",
                  "### Paired differences against the deterministic model", "",
                  "Each method's figure minus the deterministic model's on the same resampled "

@@ -4,8 +4,8 @@ advance and by a measure chosen on held-out inputs, and the spread over seeds.
 
 Every function takes ``compare_runs.Column``s (an evaluation's predictive and its
 directory) and returns ``(markdown, summary)``, the summary for ``report.json``. The
-bootstrap's resamples are over test sources (and over OOD inputs), 1,000 of them with a
-fixed seed, the same for both sides of a paired difference
+bootstrap's resamples are over test sources (and over OOD inputs), ``num_resamples`` of
+them with a fixed seed, the same for both sides of a paired difference
 (``meshbayes.evaluation_items``).
 """
 
@@ -22,17 +22,10 @@ from meshbayes.metrics import bootstrap
 from meshbayes.tools import compare_runs
 
 Column = compare_runs.Column
-# The figures of the paired-difference and seed tables: (label, figure, scale, format).
-HEADLINE = (
-    ("BLEU", "bleu", 1, ".2f"),
-    ("exact match (%)", "exact_match", 100, ".1f"),
-    ("sequence ECE, exact match (%)", "sequence_ece", 100, ".2f"),
-    ("sequence calibration AUROC", "calibration_auroc", 1, ".3f"),
-    ("error detection PRR, negative log-probability", "prr_negative_log_probability", 1, ".3f"),
-    ("token ECE (%)", "token_ece", 100, ".2f"),
-    ("token NLL (nats)", "token_nll", 1, ".3f"),
-    ("Brier", "token_brier", 1, ".4f"),
-)
+# The rows of compare_runs' table that the paired-difference and seed tables repeat.
+HEADLINE = tuple(row for row in compare_runs.ROWS if row[1] in (
+    "bleu", "exact_match", "sequence_ece", "calibration_auroc", "prr_negative_log_probability",
+    "token_ece", "token_nll", "token_brier"))
 # OOD measures fixed before looking at any result: predictive entropy (every model has it)
 # and, for a posterior, mutual information (its samples' disagreement).
 OOD_MEASURES = ("total_uncertainty", "mutual_information")
@@ -53,7 +46,8 @@ def _verdict(name: str, difference: bootstrap.Interval) -> str:
   return "" if direction is None else f" {bootstrap.verdict(difference, direction)}"
 
 
-def paired_table(cols: Sequence[Column]) -> tuple[str, dict[str, Any]]:
+def paired_table(cols: Sequence[Column], num_resamples: int = bootstrap.DEFAULT_RESAMPLES
+                 ) -> tuple[str, dict[str, Any]]:
   """Each column's headline figures minus the deterministic model's on the same resampled
   sources, with the interval and its verdict (better, worse, within noise); and, per OOD
   set, each posterior's AUROC by total uncertainty and by mutual information minus the
@@ -64,7 +58,8 @@ def paired_table(cols: Sequence[Column]) -> tuple[str, dict[str, Any]]:
     return "", {}
   base_items = evaluation_items.read_items(baseline.directory, baseline.predictive)
   differences = {c.title: evaluation_items.paired_differences(
-      evaluation_items.read_items(c.directory, c.predictive), base_items) for c in others}
+      evaluation_items.read_items(c.directory, c.predictive), base_items, num_resamples)
+                 for c in others}
   lines = _header(f"minus {BASELINE}: difference [95% interval]", [c.title for c in others])
   for label, name, scale, spec in HEADLINE:
     cells = [f"{_signed(d[name], scale, spec)}{_verdict(name, d[name])}"
@@ -74,7 +69,7 @@ def paired_table(cols: Sequence[Column]) -> tuple[str, dict[str, Any]]:
   summary = {title: evaluation_items.as_json(d) for title, d in differences.items()}
   base_ood = evaluation_items.read_ood_scores(baseline.directory)
   ood = {c.title: evaluation_items.ood_paired_differences(
-      scores, base_ood, {m: (m, "total_uncertainty") for m in OOD_MEASURES})
+      scores, base_ood, {m: (m, "total_uncertainty") for m in OOD_MEASURES}, num_resamples)
          for c in others if c.is_headline
          and (scores := evaluation_items.read_ood_scores(c.directory)) is not None}
   if base_ood is not None:
@@ -102,7 +97,8 @@ def error_detection_table(cols: Sequence[Column]) -> str:
   return "\n".join(lines)
 
 
-def ood_table(cols: Sequence[Column]) -> tuple[str, dict[str, Any]]:
+def ood_table(cols: Sequence[Column], num_resamples: int = bootstrap.DEFAULT_RESAMPLES
+              ) -> tuple[str, dict[str, Any]]:
   """Per OOD set, each headline column's AUROC by the measures fixed in advance, and the
   measure chosen on half of the inputs with its AUROC on the other half."""
   scored = [(c, scores) for c in cols if c.is_headline
@@ -119,7 +115,8 @@ def ood_table(cols: Sequence[Column]) -> tuple[str, dict[str, Any]]:
         lines.append(f"| {ood_set}: {measure.replace('_', ' ')} | " + " | ".join(cells) + " |")
     chosen = []
     for c, scores in scored:
-      best, interval = evaluation_items.measure_chosen_on_half(scores, ood_set)
+      best, interval = evaluation_items.measure_chosen_on_half(scores, ood_set,
+                                                               num_resamples=num_resamples)
       summary.setdefault(c.title, {})[ood_set] = {"measure": best, **interval.as_dict()}
       chosen.append(f"{interval.format('.3f')} ({best.replace('_', ' ')})")
     lines.append(f"| {ood_set}: the measure chosen on the other half | " + " | ".join(chosen)

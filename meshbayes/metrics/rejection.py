@@ -32,6 +32,17 @@ def _checked(errors, uncertainties) -> tuple[np.ndarray, np.ndarray]:
   return e, u
 
 
+def _sorted_errors(e: np.ndarray, u: np.ndarray) -> np.ndarray:
+  """The errors in rejection order (most uncertain first), ties at their mean."""
+  order = np.argsort(-u, kind="stable")
+  e, u = e[order], u[order]
+  starts = np.flatnonzero(np.concatenate(([True], u[1:] != u[:-1])))
+  if starts.size == e.size:
+    return e
+  sizes = np.diff(np.append(starts, e.size))
+  return np.repeat(np.add.reduceat(e, starts) / sizes, sizes)
+
+
 def rejection_curve(errors, uncertainties) -> tuple[np.ndarray, np.ndarray]:
   """``(fractions rejected, mean error)``, ``n + 1`` points each, rejecting the most
   uncertain first (ties at their mean error).
@@ -39,22 +50,18 @@ def rejection_curve(errors, uncertainties) -> tuple[np.ndarray, np.ndarray]:
   >>> rejection_curve([1.0, 0.0, 0.5], [3.0, 1.0, 2.0])[1]
   array([0.5       , 0.16666667, 0.        , 0.        ])
   """
-  e, u = _checked(errors, uncertainties)
-  order = np.argsort(-u, kind="stable")
-  e, u = e[order], u[order]
-  # Equal uncertainties share their mean error.
-  starts = np.flatnonzero(np.r_[True, u[1:] != u[:-1]])
-  sums = np.add.reduceat(e, starts)
-  sizes = np.diff(np.r_[starts, e.size])
-  e = np.repeat(sums / sizes, sizes)
+  e = _sorted_errors(*_checked(errors, uncertainties))
   n = e.size
-  remaining = e.sum() - np.r_[0.0, np.cumsum(e)]
+  remaining = e.sum() - np.concatenate(([0.0], np.cumsum(e)))
   return np.arange(n + 1) / n, np.maximum(remaining, 0.0) / n
 
 
-def _area(errors, uncertainties) -> float:
-  fractions, curve = rejection_curve(errors, uncertainties)
-  return float(np.sum((curve[1:] + curve[:-1]) / 2 * np.diff(fractions)))
+def _area(sorted_errors: np.ndarray) -> float:
+  """Trapezoid area under the rejection curve of errors in rejection order: the curve's
+  points are ``(total - cumsum_k) / n``, ``k = 0..n``, spaced ``1 / n``."""
+  n = sorted_errors.size
+  remaining = sorted_errors.sum() - np.cumsum(sorted_errors)  # k = 1..n
+  return float((remaining.sum() + sorted_errors.sum() / 2.0) / (n * n))
 
 
 def prediction_rejection_ratio(errors, uncertainties) -> float:
@@ -66,7 +73,7 @@ def prediction_rejection_ratio(errors, uncertainties) -> float:
   """
   e, u = _checked(errors, uncertainties)
   random = e.mean() / 2.0  # the triangle under the straight line, the same for every order
-  oracle = _area(e, e)
-  if np.isclose(random, oracle, rtol=0.0, atol=1e-12):
+  oracle = _area(np.sort(e)[::-1])
+  if abs(random - oracle) <= 1e-12:
     return float("nan")
-  return float((random - _area(e, u)) / (random - oracle))
+  return float((random - _area(_sorted_errors(e, u))) / (random - oracle))

@@ -29,6 +29,20 @@ def data_dir(tmp_path_factory):
   return root / "data"
 
 
+def _rising_at_the_end(patch, runs):
+  """Makes the validation NLL of ``runs`` rise at their last step, so that their best
+  checkpoint is an earlier one (toy runs improve to the end) and is evaluated on its own."""
+  measured = experiment.validation_curve
+
+  def curve(run_dir):
+    points = measured(run_dir)
+    if run_dir.name in runs and points:
+      points[-1] = (points[-1][0], max(nll for _, nll in points) + 1.0)
+    return points
+
+  patch.setattr(experiment, "validation_curve", curve)
+
+
 def _run_toy(data_dir, out, *extra):
   with pytest.MonkeyPatch.context() as patch:
     patch.setenv("MESHBAYES_DATA_DIR", str(data_dir))
@@ -38,19 +52,34 @@ def _run_toy(data_dir, out, *extra):
   return out, args
 
 
+@pytest.fixture
+def deterministic_stops_early():
+  with pytest.MonkeyPatch.context() as patch:
+    _rising_at_the_end(patch, {"deterministic"})
+    yield
+
+
 @pytest.fixture(scope="module")
 def toy(data_dir, tmp_path_factory):
-  """Every method: four training runs and ten evaluations (the slow tests)."""
-  return _run_toy(data_dir, tmp_path_factory.mktemp("experiment"))
+  """Every method: four training runs and ten evaluations (the slow tests); the
+  deterministic run's best checkpoint is before its last."""
+  with pytest.MonkeyPatch.context() as patch:
+    _rising_at_the_end(patch, {"deterministic"})
+    yield _run_toy(data_dir, tmp_path_factory.mktemp("experiment"))
 
 
-def test_two_methods_end_to_end_at_both_checkpoints_and_resumed(data_dir, tmp_path):
+def test_two_methods_end_to_end_at_both_checkpoints_and_resumed(data_dir, tmp_path,
+                                                                deterministic_stops_early):
   """The path of `make demo` and `make experiment` in `make test`: train, evaluate at the
   end and at the best checkpoint, report; a second call redoes nothing."""
   out, args = _run_toy(data_dir, tmp_path, "--methods=deterministic,bayesian")
   report = (out / "report.md").read_text()
   tables = re.findall(r"^\| metric \|.*?(?=\n\n)", report, flags=re.S | re.M)
   assert len(tables) == 2
+  # The deterministic run is evaluated again at its best step; the Bayesian run's best is
+  # its last checkpoint, evaluated once.
+  assert json.loads((out / "eval" / "deterministic_best" / "metrics.json").read_text())["step"] == 2
+  assert not (out / "eval" / "bayesian_best").exists()
   for table in tables:
     header = table.splitlines()[0]
     for column in ("deterministic", "temperature-scaled (T=", "Bayesian layers",

@@ -92,7 +92,7 @@ def test_evaluating_an_ivon_run_reports_its_model_average_and_posterior_mean(str
       "--gin_file=tasks/synthetic.gin", f"--gin.MODEL_DIR='{straight}'", "--gin.BATCH_SIZE=16",
       f"--gin.models.EncoderDecoderModel.num_train_units={UNITS}",
       "--gin.evaluate.decode_method='greedy'", "--gin.evaluate.num_samples=2",
-      "--gin.data.TaskData.max_eval_batches=1")
+      "--gin.data.TaskData.max_eval_batches=1", "--gin.evaluate.bootstrap_resamples=50")
   assert code == 0, err[-2000:]
   metrics = json.loads((straight / "eval" / "synthetic_reverse" / "metrics.json").read_text())
   assert metrics["predictives"] == ["model_average", "posterior_mean"]

@@ -205,7 +205,8 @@ def test_bayesian_start_from_a_deterministic_checkpoint_is_moped(tmp_path, capsy
 
 def test_evaluate_infer_and_show_a_trained_run(trained, tmp_path, capsys):
   common = [f"--gin.MODEL_DIR='{trained}'", "--gin.BATCH_SIZE=64",
-            "--gin.models.EncoderDecoderModel.num_train_units=450000"]
+            "--gin.models.EncoderDecoderModel.num_train_units=450000",
+            "--gin.evaluate.bootstrap_resamples=50"]
   run_files = lambda run: ["--gin_file=models/tiny.gin", f"--gin_file=runs/{run}.gin",
                            "--gin_file=tasks/synthetic.gin"]
   code, _, err = command(capsys, "evaluate", *run_files("eval"), *common,
@@ -288,7 +289,8 @@ def test_evaluate_mc_dropout_and_a_deep_ensemble_through_the_command(tmp_path, c
       f"--gin.MODEL_DIR='{runs[0]}'", "--gin.BATCH_SIZE=64",
       "--gin.data.TaskData.max_eval_batches=2", "--gin.evaluate.num_samples=2",
       "--gin.evaluate.decode_method='greedy'", "--gin.evaluate.ood_shuffled_words=True",
-      "--gin.evaluate.max_ood_examples=64", *bindings, model_from_model_dir=True)
+      "--gin.evaluate.max_ood_examples=64", "--gin.evaluate.bootstrap_resamples=50", *bindings,
+      model_from_model_dir=True)
   out_dir = runs[0] / "eval" / "synthetic_reverse"
   results = {}
   for name, binding in (("mc_dropout", "--gin.evaluate.mc_dropout=True"),
