@@ -29,14 +29,15 @@ def data_dir(tmp_path_factory):
   return root / "data"
 
 
-def _rising_at_the_end(patch, runs):
-  """Makes the validation NLL of ``runs`` rise at their last step, so that their best
-  checkpoint is an earlier one (toy runs improve to the end) and is evaluated on its own."""
+def _rising_at_the_end(patch, out, runs):
+  """Makes the validation NLL of ``runs`` of the experiment in ``out`` rise at their last
+  step, so that their best checkpoint is an earlier one (toy runs improve to the end) and
+  is evaluated on its own."""
   measured = experiment.validation_curve
 
   def curve(run_dir):
     points = measured(run_dir)
-    if run_dir.name in runs and points:
+    if run_dir.parent == out / "runs" and run_dir.name in runs and points:
       points[-1] = (points[-1][0], max(nll for _, nll in points) + 1.0)
     return points
 
@@ -53,19 +54,20 @@ def _run_toy(data_dir, out, *extra):
 
 
 @pytest.fixture
-def deterministic_stops_early():
+def deterministic_stops_early(tmp_path):
   with pytest.MonkeyPatch.context() as patch:
-    _rising_at_the_end(patch, {"deterministic"})
+    _rising_at_the_end(patch, tmp_path, {"deterministic"})
     yield
 
 
 @pytest.fixture(scope="module")
 def toy(data_dir, tmp_path_factory):
-  """Every method: four training runs and ten evaluations (the slow tests); the
-  deterministic run's best checkpoint is before its last."""
+  """Every method, two seeds each (the slow tests); the deterministic run's best checkpoint
+  is before its last."""
+  out = tmp_path_factory.mktemp("experiment")
   with pytest.MonkeyPatch.context() as patch:
-    _rising_at_the_end(patch, {"deterministic"})
-    yield _run_toy(data_dir, tmp_path_factory.mktemp("experiment"))
+    _rising_at_the_end(patch, out, {"deterministic"})
+    yield _run_toy(data_dir, out)
 
 
 def test_two_methods_end_to_end_at_both_checkpoints_and_resumed(data_dir, tmp_path,

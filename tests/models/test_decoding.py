@@ -202,15 +202,16 @@ def test_transformer_beam_search_is_exact_when_exhaustive(num_samples):
     assert float(aux["token_mutual_information"][0, 0]) > 0
 
 
-def test_mc_dropout_beam_search_holds_each_sentences_masks_for_all_its_beams():
-  """MC dropout (dropout 0.3) with S = 2 masks per sentence, two sentences, exhaustive beams:
+@pytest.mark.parametrize("num_samples", [1, 2])
+def test_mc_dropout_beam_search_holds_each_sentences_masks_for_all_its_beams(num_samples):
+  """MC dropout (dropout 0.3) with S masks per sentence, two sentences, exhaustive beams:
   every finished hypothesis of each sentence scores what the model with that sentence's
   masks frozen gives it (``score_batch`` of the two sentences together, one candidate at
   a time), so the search is the frozen model's: masks follow the sentence, not the beam
   row, however beams are reordered."""
   model, params, batch = tiny_model(estimators=Estimators.deterministic(), dropout_rate=0.3,
                                     attention_dropout_rate=0.0)
-  mc, rng, num_samples = layers.MCDropout(params), jax.random.key(5), 2
+  mc, rng = layers.MCDropout(params), jax.random.key(5)
   inputs = batch["encoder_input_tokens"]
   _, aux = jitted(model.predict_batch_with_aux, method="beam", beam_size=6, alpha=0.6,
                   num_samples=num_samples, max_length=2)(mc, {"encoder_input_tokens": inputs},
