@@ -74,8 +74,9 @@ class Column:
 
 def interval_text(interval: dict[str, float | None] | None, scale: float = 1.0,
                   spec: str = ".3f") -> str:
-  """``estimate [low, high]`` of an interval stored in JSON (NaN as null), or ``-``."""
-  if not interval or interval["estimate"] is None:
+  """``estimate [low, high]`` of an interval stored in JSON, or ``-`` when there is none or
+  its estimate is undefined (null or NaN: an AUROC of outputs that all fail)."""
+  if not interval or interval["estimate"] is None or math.isnan(interval["estimate"]):
     return "-"
   return bootstrap.Interval(**{k: math.nan if v is None else v
                                for k, v in interval.items()}).format(spec, scale)

@@ -136,7 +136,8 @@ def seed_table(groups: Mapping[str, Sequence[Path]], predictives: Mapping[str, s
       figures = run_metrics["intervals"][predictives[title]]
       found = values.setdefault(title, {})
       for _, name, _, _ in HEADLINE:
-        if name in figures and figures[name]["estimate"] is not None:
+        if name in figures and figures[name]["estimate"] is not None and np.isfinite(
+            figures[name]["estimate"]):
           found.setdefault(name, []).append(figures[name]["estimate"])
       for ood_set, entry in run_metrics.get("ood", {}).items():
         if "auroc_total_uncertainty" in entry:
