@@ -232,16 +232,17 @@ def write(out: Path, budget: Budget, results: Mapping[str, Path]) -> Path:
                              "best_steps": {}, "posterior": {}}
   for name in budget.runs:
     summary["best_steps"][name] = best_step(runs / name)
+  reported = []  # each reported checkpoint's evaluation directories
   for checkpoint in CHECKPOINTS:
     cols = _columns(results, checkpoint)
     if not cols:
       continue
-    if checkpoint != CHECKPOINTS[0] and [c.directory for c in cols] == [
-        c.directory for c in _columns(results, CHECKPOINTS[0])]:
+    if [c.directory for c in cols] in reported:  # every best checkpoint is the final one
       sections += ["## Every method at each run's best validation checkpoint", "",
                    "Every run's best validation checkpoint (lowest validation NLL) is its "
                    "last: the tables above are also the early-stopped ones.", ""]
       continue
+    reported.append([c.directory for c in cols])
     text = compare_runs.table(cols).splitlines()
     text[-1:-1] = _cost_rows(results, checkpoint, runs, costs, cols)
     what = ("at the end of the budget" if checkpoint == "final" else
