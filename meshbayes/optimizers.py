@@ -15,6 +15,7 @@ import optax
 from flax import traverse_util
 
 from meshbayes.ivon import IVON
+from meshbayes.layers.variational import posterior_part
 
 Array = jax.Array
 
@@ -79,6 +80,14 @@ def decay_mask(params: Any) -> Any:
       path: not (path[-1].endswith("_scale") or "_prior_" in path[-1]) for path in flat})
 
 
+def posterior_scale_mask(params: Any) -> Any:
+  """True for the posterior scales (``w_scale``, ``stddev = softplus(w_scale)``) of Bayesian
+  layers; not a prior's trainable scalars, not a norm's ``scale``."""
+  flat = traverse_util.flatten_dict(params)
+  return traverse_util.unflatten_dict({
+      path: (posterior_part(str(path[-1])) or ("", ""))[1] == "scale" for path in flat})
+
+
 @dataclasses.dataclass(frozen=True)
 class Optimizer:
   """An optax optimizer with gradient clipping.
@@ -91,6 +100,10 @@ class Optimizer:
     b1: first-moment decay (momentum for SGD).
     b2: second-moment decay (AdamW).
     clip_gradient_norm: clip the global gradient norm (0: no clipping).
+    scale_lr_multiplier: the learning rate of posterior scales (``w_scale``) as a
+      multiple of the others'. Adam moves a parameter by about the learning rate
+      per step and ``log stddev`` is about ``w_scale``, so at 1 a stddev can change
+      by at most ``exp(summed learning rate)`` in a run (docs/uncertainty.md).
     ivon: IVON's settings, including its own ``beta1``, ``beta2`` and
       ``weight_decay`` (a prior, not decoupled decay); ``name='ivon'`` only,
       default ``IVON()``.
@@ -102,6 +115,7 @@ class Optimizer:
   b1: float = 0.9
   b2: float = 0.999
   clip_gradient_norm: float = 1.0
+  scale_lr_multiplier: float = 10.0
   ivon: IVON | None = None
 
   def __post_init__(self):
@@ -110,6 +124,9 @@ class Optimizer:
     if self.weight_decay < 0 or self.clip_gradient_norm < 0:
       raise ValueError(f"Optimizer: weight_decay={self.weight_decay!r} and clip_gradient_norm="
                        f"{self.clip_gradient_norm!r} must be >= 0")
+    if not self.scale_lr_multiplier > 0:
+      raise ValueError(f"Optimizer: scale_lr_multiplier={self.scale_lr_multiplier!r} must be "
+                       "> 0 (1: the same learning rate as the other parameters)")
     if self.ivon is not None and self.name != "ivon":
       raise ValueError(f"Optimizer: ivon=IVON(...) is given but name={self.name!r}; set "
                        "name='ivon' or drop ivon")
@@ -145,9 +162,13 @@ class Optimizer:
                              weight_decay_mask=decay_mask)
     else:
       core = optax.sgd(self.learning_rate, momentum=self.b1)
+    # One flat chain: the core's state keeps its path (opt_state/1/0/mu with clipping).
+    parts = [core]
     if self.clip_gradient_norm:
-      return optax.chain(optax.clip_by_global_norm(self.clip_gradient_norm), core)
-    return core
+      parts.insert(0, optax.clip_by_global_norm(self.clip_gradient_norm))
+    if self.scale_lr_multiplier != 1:
+      parts.append(optax.masked(optax.scale(self.scale_lr_multiplier), posterior_scale_mask))
+    return optax.chain(*parts) if len(parts) > 1 else core
 
 
 @dataclasses.dataclass(frozen=True)

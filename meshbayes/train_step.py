@@ -22,6 +22,7 @@ from jax.sharding import NamedSharding
 from meshbayes import ivon as ivon_lib
 from meshbayes.ivon import IVON
 from meshbayes.optimizers import Optimizer
+from meshbayes.posterior_diagnostics import layer_stddevs
 from meshbayes.models.base import LOSS, BaseModel, per_loss_unit
 from meshbayes.partitioning import Partitioner
 
@@ -49,13 +50,6 @@ def init_train_state(model: BaseModel, optimizer: optax.GradientTransformation,
   params = model.get_initial_variables(rng, input_shapes)["params"]
   return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                     opt_state=optimizer.init(flax.linen.unbox(params)))
-
-
-def layer_stddevs(params: Any) -> dict[str, Array]:
-  """Bayesian layers' posterior stddevs ``softplus(w_scale)`` by ``/``-joined path."""
-  flat = traverse_util.flatten_dict(params, sep="/")
-  return {k: jax.nn.softplus(v.astype(jnp.float32)) for k, v in flat.items()
-          if k.endswith("_scale") and "_prior_" not in k}
 
 
 def posterior_stddev_metrics(stddevs: Mapping[str, Array]) -> dict[str, Array]:
@@ -211,13 +205,18 @@ class StepFunctions:
       grads = jax.tree.map(lambda g: g / statistics.count, statistics.grad)
       updates, opt_state = self.optimizer.update(statistics, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    stddevs = (layer_stddevs(params) if self.ivon is None else
-               traverse_util.flatten_dict(self.ivon.posterior_stddev(opt_state), sep="/"))
     metrics = dict(metrics, gradient_norm=optax.tree.norm(grads),
                    learning_rate=self.learning_rate(state.step),
-                   **posterior_stddev_metrics(stddevs))
+                   **posterior_stddev_metrics(self.posterior_stddevs(params, opt_state)))
     metrics[STATE_IS_FINITE] = all_finite((params, opt_state))
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+  def posterior_stddevs(self, params: Any, opt_state: Any) -> dict[str, Array]:
+    """The posterior's stddevs by ``/``-joined path: the Bayesian layers' or IVON's (none
+    for a deterministic model trained otherwise)."""
+    if self.ivon is None:
+      return layer_stddevs(params)
+    return traverse_util.flatten_dict(self.ivon.posterior_stddev(opt_state), sep="/")
 
   def _ivon_statistics(self, state: TrainState, batch: Batch, rng: Array, kl_weight: Array
                        ) -> tuple[ivon_lib.GradientStatistics, dict[str, Array]]:

@@ -56,6 +56,7 @@ from meshbayes.launch import STOP_EXIT_CODES, STOP_SIGNALS
 from meshbayes.layers import moped_params
 from meshbayes.metrics_writer import MetricsWriter, ProgressBar
 from meshbayes.optimizers import IVON_META, KLWeight, Optimizer
+from meshbayes.posterior_diagnostics import median_stddevs
 from meshbayes.run_lock import RunLock
 from meshbayes.train_step import (
   STATE_IS_FINITE,
@@ -208,7 +209,8 @@ def train(*, model_dir: str, model: BaseModel, data: TaskData, train_steps: int,
     seed: seed of initialization, dropout and weight noise.
     num_microbatches: gradient accumulation.
     log_period: steps between metric writes and progress lines.
-    eval_period: steps between teacher-forced evaluations (0: none).
+    eval_period: steps between teacher-forced evaluations on the validation split, each
+      with the posterior's median stddev per layer group (0: none).
     checkpoint_period: steps between checkpoints (a final one is always saved).
     keep_checkpoints: keep the newest N >= 1 checkpoints (None: all); the
       final one is always kept.
@@ -314,8 +316,14 @@ def _run(model_dir: epath.Path, model: BaseModel, data: TaskData, vocabulary: st
   progress = ProgressBar(train_steps, start)
   eval_fn = jax.jit(steps.eval_step, in_shardings=(
       shardings.params, NamedSharding(partitioner.mesh, partitioner.batch_spec)))
-  evaluate = lambda params: teacher_forced_metrics(eval_fn, params, data.eval_batches(layout),
-                                                   partitioner)
+  stddev_medians = jax.jit(lambda p, o: median_stddevs(steps.posterior_stddevs(p, o)))
+
+  def evaluate(state: TrainState) -> dict[str, float]:
+    metrics = teacher_forced_metrics(eval_fn, state.params, data.eval_batches(layout),
+                                     partitioner)
+    medians = jax.device_get(stddev_medians(state.params, state.opt_state))
+    return metrics | {k: float(v) for k, v in medians.items()}
+
   batches = _open_input(host_input, ckpts, latest, data_position)
   _say(f"compiling the train step (step {start + 1})...")
   started = time.perf_counter()
@@ -375,7 +383,7 @@ def _run(model_dir: epath.Path, model: BaseModel, data: TaskData, vocabulary: st
       window, window_tokens, window_start = [], 0.0, time.perf_counter()
     paused = time.perf_counter()  # evaluation and saving are not step time
     if evaluates:
-      eval_writer.write(step, evaluate(state.params))
+      eval_writer.write(step, evaluate(state))
     if saves or stop:
       ckpts.save(step, state, dict(meta, data_position=data_position),
                  batches.states() if saves_input else None)

@@ -45,6 +45,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from meshbayes import host_memory
+from meshbayes.posterior_diagnostics import MEDIAN_PREFIX, relative_change
 
 METHODS = ("deterministic", "mc_dropout", "ensemble", "bayesian", "ivon")
 # The training recipe each method evaluates: (gin file, seed).
@@ -261,6 +262,27 @@ def validation_curve(run_dir: Path) -> list[tuple[int, float]]:
   return sorted((int(r["step"]), float(r["nll"])) for r in rows if "nll" in r)
 
 
+def convergence(run_dir: Path) -> dict[str, Any]:
+  """The last periodic evaluation of a run with a posterior: its step, validation NLL and
+  plug-in negative ELBO (the posterior mean's NLL plus KL / training tokens), and per layer
+  group the median posterior stddev and its relative change over the last tenth of the
+  run (``meshbayes.posterior_diagnostics``). Empty without evaluations or stddevs."""
+  path = run_dir / "eval" / "metrics.jsonl"
+  rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+  rows = sorted((r for r in rows if "nll" in r), key=lambda r: r["step"])
+  groups = sorted({k for r in rows for k in r if k.startswith(MEDIAN_PREFIX)})
+  if len(rows) < 2 or not groups:
+    return {}
+  last = rows[-1]
+  result = {"step": int(last["step"]), "nll": last["nll"],
+            "neg_elbo": last.get("plugin_neg_elbo", last["nll"]), "groups": {}}
+  for group in groups:
+    start, _, change = relative_change([(r["step"], r[group]) for r in rows if group in r])
+    result["groups"][group[len(MEDIAN_PREFIX):]] = {"median": last[group], "change": change,
+                                                    "from_step": start}
+  return result
+
+
 def best_step(run_dir: Path) -> int:
   """The step of the lowest validation NLL (the earliest among ties)."""
   curve = validation_curve(run_dir)
@@ -426,16 +448,22 @@ class Experiment:
         if not (run_dir / "eval_validation" / "metrics.json").is_file()})
     costs = _json(self.costs_path)
     rows = ["| " + binding + " | validation NLL | validation token ECE (%) | "
-            "best step (posterior-mean NLL) | CPU minutes |", "|---|---|---|---|---|"]
+            "best step (posterior-mean NLL) | posterior-mean NLL + KL/D | largest change of a "
+            "median stddev, last tenth | CPU minutes |", "|---|---|---|---|---|---|---|"]
     for value, run_dir in run_dirs.items():
       name, result_dir = names[value], run_dir / "eval_validation"
       result = json.loads((result_dir / "metrics.json").read_text())
       headline = result["token_calibration"][result["predictives"][0]]
       curve = validation_curve(run_dir)
       best = best_step(run_dir)
+      end = convergence(run_dir)
+      moved = (max(end["groups"].items(), key=lambda item: abs(item[1]["change"]))
+               if end else None)
       rows.append(f"| {value} | {headline['nll']:.4f} | {100 * headline['ece']:.2f} | "
                   f"{best} ({dict(curve)[best]:.4f}) | "
-                  f"{costs.get(name, {}).get('cpu_seconds', float('nan')) / 60:.0f} |")
+                  + (f"{end['neg_elbo']:.4f} | {100 * moved[1]['change']:+.1f}% ({moved[0]}) | "
+                     if end else "- | - | ")
+                  + f"{costs.get(name, {}).get('cpu_seconds', float('nan')) / 60:.0f} |")
     table = self.out / f"tuning_{method}.md"
     table.write_text(f"{method}, {budget.train_steps} steps, {binding}:\n\n" + "\n".join(rows)
                      + "\n")

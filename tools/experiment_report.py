@@ -24,7 +24,7 @@ import numpy as np
 from meshbayes import checkpoints, metrics
 from meshbayes.tools import compare_runs, experiment_tables, inspect_checkpoint
 from meshbayes.tools.experiment import (CHECKPOINTS, Budget, _json, _write_json, best_step,
-                                        validation_curve)
+                                        convergence, validation_curve)
 
 # Column names of each method's evaluated predictives (others are left out: MC dropout's
 # and the ensemble's "posterior mean" would be the deterministic model again).
@@ -207,6 +207,21 @@ def _diagnostics_table(diagnostics: Mapping[str, Mapping[str, Any]]) -> str:
   return "\n".join(lines)
 
 
+def _convergence_table(runs: Path, names: Sequence[str]) -> tuple[str, dict[str, Any]]:
+  """Per run with a posterior and layer group: the final median stddev and its relative
+  change over the last tenth of the run, with the validation NLL and negative ELBO."""
+  lines = ["| run | validation NLL | NLL + KL/D | layers | median stddev | change, last tenth |",
+           "|---|---|---|---|---|---|"]
+  summary = {}
+  for name in names:
+    end = summary[name] = convergence(runs / name)
+    for group, g in (end or {}).get("groups", {}).items():
+      lines.append(f"| {name} | {end['nll']:.4f} | {end['neg_elbo']:.4f} | {group} | "
+                   f"{g['median']:.3g} | {100 * g['change']:+.1f}% (step {g['from_step']} to "
+                   f"{end['step']}) |")
+  return "\n".join(lines), {k: v for k, v in summary.items() if v}
+
+
 def _seed_groups(results: Mapping[str, Path]) -> dict[str, list[Path]]:
   """Each method's evaluations of all of its seeds at the end of the budget (the first
   seed's own evaluation first), for the methods with more than one."""
@@ -281,8 +296,14 @@ def write(out: Path, budget: Budget, results: Mapping[str, Path]) -> Path:
     if name in budget.runs:
       summary["posterior"][name] = posterior_diagnostics(checkpoints.find_step_dir(runs / name))
   if summary["posterior"]:
+    table, summary["convergence"] = _convergence_table(
+        runs, [n for n in budget.runs if n.startswith(("bayesian", "ivon"))])
     sections += ["## Posterior diagnostics (final checkpoints)", "",
-                 _diagnostics_table(summary["posterior"]), ""]
+                 _diagnostics_table(summary["posterior"]), "",
+                 "Convergence: the median posterior stddev of each layer group at the "
+                 "trainer's last validation pass and its change over the last tenth of the "
+                 "run; a posterior still moving there is not the ELBO's optimum.", "",
+                 table, ""]
   summary["costs"] = costs
   _write_json(out / "report.json", summary)
   report = out / "report.md"

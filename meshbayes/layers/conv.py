@@ -204,7 +204,8 @@ class _Conv(ConvBase):
       in_features / feature_group_count``).
     bias_stddev_init: initializer of a Bayesian bias's standard deviation.
     bayesian_bias: give the bias a normal posterior too.
-    prior: prior of every Bayesian weight of the layer (default N(0, 1)).
+    prior: prior of every Bayesian weight of the layer (default N(0, 1)); a
+      fan-in-scaled prior gets each tensor's fan-in (a bias's is 1).
   """
 
   kernel_stddev_init: Initializer = fan_in_stddev(0.1)
@@ -233,7 +234,7 @@ class _Conv(ConvBase):
       kernel = variational_param(self, "kernel", kernel_shape, self.kernel_init,
                                  reshaped_init(self.kernel_stddev_init, flat_kernel_shape),
                                  kernel_box, self.param_dtype)
-      kl_terms = [("kernel", self.prior, kernel)]
+      kl_terms = [("kernel", self.prior.for_fan_in(flat_kernel_shape(kernel_shape)[0]), kernel)]
     else:
       kernel = estimators.Normal(self.param("kernel", boxed_init(kernel_box, self.kernel_init),
                                             kernel_shape, self.param_dtype), None)
@@ -247,7 +248,7 @@ class _Conv(ConvBase):
       if self.bayesian_bias and bayesian:
         bias = variational_param(self, "bias", bias_shape, self.bias_init,
                                  self.bias_stddev_init, bias_box, self.param_dtype)
-        kl_terms.append(("bias", self.prior, bias))
+        kl_terms.append(("bias", self.prior.for_fan_in(1), bias))
       else:
         deterministic_bias = self.param("bias", boxed_init(bias_box, self.bias_init),
                                         bias_shape, self.param_dtype)

@@ -101,7 +101,8 @@ class _Linear(nn.Module):
       deviation (default ``0.1 / sqrt(fan_in)``; see ``initializers``).
     bias_stddev_init: initializer of a Bayesian bias's standard deviation.
     bayesian_bias: give the bias a normal posterior too.
-    prior: prior of every Bayesian weight of the layer (default N(0, 1)).
+    prior: prior of every Bayesian weight of the layer (default N(0, 1)); a
+      fan-in-scaled prior gets each tensor's fan-in (a bias's is 1).
     deterministic: use the posterior mean instead of sampling; the call
       argument overrides it.
     one_sample_per_example: Flipout only: draw the signs per example and share
@@ -167,7 +168,7 @@ class _Linear(nn.Module):
       kernel = variational_param(self, "kernel", kernel_shape, loc_init,
                                  reshaped_init(self.kernel_stddev_init, flat_kernel), kernel_box,
                                  self.param_dtype)
-      kl_terms = [("kernel", self.prior, kernel)]
+      kl_terms = [("kernel", self.prior.for_fan_in(flat_kernel(kernel_shape)[0]), kernel)]
     else:
       kernel = estimators.Normal(self.param("kernel", boxed_init(kernel_box, loc_init),
                                             kernel_shape, self.param_dtype), None)
@@ -183,7 +184,7 @@ class _Linear(nn.Module):
         bias = variational_param(self, "bias", features, bias_init,
                                  reshaped_init(self.bias_stddev_init, flat_bias), bias_box,
                                  self.param_dtype)
-        kl_terms.append(("bias", self.prior, bias))
+        kl_terms.append(("bias", self.prior.for_fan_in(1), bias))
       else:
         deterministic_bias = self.param("bias", boxed_init(bias_box, bias_init), features,
                                         self.param_dtype)

@@ -88,7 +88,7 @@ class _Embed(nn.Module):
     """Records the KL and returns the ``'sample'`` key, or None for the mean."""
     if self.estimator is None:
       return None
-    record_kl(self, [("embedding", self.prior, self.table)])
+    record_kl(self, [("embedding", self.prior.for_fan_in(self.features), self.table)])
     return None if use_posterior_mean(self, deterministic) else self.make_rng("sample")
 
   def __call__(self, inputs: Array, deterministic: bool | None = None) -> Array:

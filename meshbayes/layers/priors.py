@@ -7,10 +7,12 @@ all elements, in float32: in closed form where one exists, by Monte Carlo
 otherwise.
 
 Priors are frozen dataclasses, so they are hashable and can be layer
-attributes or gin-configured values. A prior with trainable parameters (empirical
-Bayes) lists their initial unconstrained values in ``trainable_init``; the layer
-creates them as parameters named ``<weight>_prior_<name>`` and passes them back
-to ``kl``.
+attributes or gin-configured values. A prior may be scaled by the fan-in of the
+tensor it is put on (``fan_in_scaled``), as LeCun initialization scales the
+weights: a layer passes each tensor's fan-in to ``for_fan_in`` before ``kl``. A
+prior with trainable parameters (empirical Bayes) lists their initial
+unconstrained values in ``trainable_init``; the layer creates them as parameters
+named ``<weight>_prior_<name>`` and passes them back to ``kl``.
 """
 
 from __future__ import annotations
@@ -86,6 +88,12 @@ def _normal_kl_sum_backward(p_loc, p_stddev, residuals, grad):
 normal_kl_sum.defvjp(_normal_kl_sum_forward, _normal_kl_sum_backward)
 
 
+def _check_resolved(prior: Prior) -> None:
+  if getattr(prior, "fan_in_scaled", False):
+    raise ValueError(f"{type(prior).__name__}(fan_in_scaled=True) has no fan-in yet: call "
+                     "for_fan_in(fan_in) on it first (the Bayesian layers do)")
+
+
 def _normal_log_prob(x: Array, stddev: float | Array) -> Array:
   return -0.5 * jnp.square(x / stddev) - jnp.log(stddev) - _HALF_LOG_2PI
 
@@ -96,6 +104,11 @@ class Prior(abc.ABC):
   def trainable_init(self) -> Mapping[str, float]:
     """Initial unconstrained values of the prior's trainable scalars (none by default)."""
     return {}
+
+  def for_fan_in(self, fan_in: int) -> Prior:
+    """The prior of one weight tensor of ``fan_in`` inputs per output (itself by default)."""
+    del fan_in
+    return self
 
   @abc.abstractmethod
   def kl(self, loc: Array, stddev: Array, params: Mapping[str, Array],
@@ -120,17 +133,31 @@ class NormalPrior(Prior):
   Attributes:
     loc: prior mean.
     stddev: prior standard deviation (> 0).
+    fan_in_scaled: the standard deviation is ``stddev / sqrt(fan_in)`` of the
+      tensor (``for_fan_in``): ``stddev=1`` is the scale of LeCun-initialized
+      weights at every width, where a fixed ``N(0, 1)`` is ``sqrt(fan_in)``
+      times wider than the weights.
+
+  >>> NormalPrior(stddev=2.0, fan_in_scaled=True).for_fan_in(16)
+  NormalPrior(loc=0.0, stddev=0.5, fan_in_scaled=False)
   """
 
   loc: float = 0.0
   stddev: float = 1.0
+  fan_in_scaled: bool = False
 
   def __post_init__(self):
     if not self.stddev > 0:
       raise ValueError(f"NormalPrior: stddev={self.stddev!r} must be a positive number")
 
+  def for_fan_in(self, fan_in):
+    if not self.fan_in_scaled:
+      return self
+    return dataclasses.replace(self, stddev=self.stddev / math.sqrt(fan_in), fan_in_scaled=False)
+
   def kl(self, loc, stddev, params, key):
     del params, key
+    _check_resolved(self)
     return normal_kl_sum(loc, stddev, float(self.loc), float(self.stddev))
 
 
@@ -192,17 +219,27 @@ class TrainableNormalPrior(Prior):
   Attributes:
     init_loc: initial prior mean.
     init_stddev: initial prior standard deviation (> 0).
+    fan_in_scaled: start at ``init_stddev / sqrt(fan_in)`` of the tensor
+      (``for_fan_in``), the weights' own scale at ``init_stddev=1``.
   """
 
   init_loc: float = 0.0
   init_stddev: float = 1.0
+  fan_in_scaled: bool = False
 
   def __post_init__(self):
     if not self.init_stddev > 0:
       raise ValueError(f"TrainableNormalPrior: init_stddev={self.init_stddev!r} "
                        "must be a positive number")
 
+  def for_fan_in(self, fan_in):
+    if not self.fan_in_scaled:
+      return self
+    return dataclasses.replace(self, init_stddev=self.init_stddev / math.sqrt(fan_in),
+                               fan_in_scaled=False)
+
   def trainable_init(self):
+    _check_resolved(self)
     # In Python: a jnp value here fails under jit (flax initializes inside the trace).
     stddev = self.init_stddev
     return {"loc": self.init_loc, "scale": stddev + math.log(-math.expm1(-stddev))}

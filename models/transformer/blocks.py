@@ -16,7 +16,13 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from meshbayes.layers import NormalPrior, dense_general_class, fan_in_stddev
+from meshbayes.layers import (
+    NormalPrior,
+    Prior,
+    TrainableNormalPrior,
+    dense_general_class,
+    fan_in_stddev,
+)
 from meshbayes.layers.attention import attention_class
 from meshbayes.models.transformer.config import TransformerConfig
 
@@ -33,12 +39,19 @@ def compute_dtype(config: TransformerConfig):
   return jnp.dtype(config.dtype)
 
 
+def weight_prior(config: TransformerConfig) -> Prior:
+  """The prior of the Bayesian weights that ``config.prior`` names."""
+  if config.prior == "empirical_bayes":
+    return TrainableNormalPrior(init_stddev=config.prior_stddev, fan_in_scaled=True)
+  return NormalPrior(stddev=config.prior_stddev, fan_in_scaled=config.prior == "fan_in")
+
+
 def dense_general(config: TransformerConfig, estimator: str, **kwargs) -> nn.Module:
   """A bias-free ``DenseGeneral`` of the given estimator with the model's posterior settings."""
   return dense_general_class(estimator)(
       use_bias=False, dtype=compute_dtype(config),
       kernel_stddev_init=fan_in_stddev(config.posterior_stddev_ratio),
-      prior=NormalPrior(stddev=config.prior_stddev), **kwargs)
+      prior=weight_prior(config), **kwargs)
 
 
 class RMSNorm(nn.Module):
@@ -157,7 +170,7 @@ class MultiHeadAttention(nn.Module):
         attention_fn=_float32_logits_attention, force_fp32_for_softmax=True,
         activation_axes=("batch", "length", "heads", "kv"),
         kernel_stddev_init=fan_in_stddev(cfg.posterior_stddev_ratio),
-        prior=NormalPrior(stddev=cfg.prior_stddev),
+        prior=weight_prior(cfg),
         one_sample_per_example=self.component in cfg.one_sample_per_sequence)
     nn.share_scope(self, self.attention)
 

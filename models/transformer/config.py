@@ -10,6 +10,7 @@ ACTIVATIONS = ("relu", "gelu", "silu", "linear")
 REMAT_POLICIES = ("none", "full", "minimal")
 DTYPES = ("float32", "bfloat16")
 SEQUENCE_SAMPLED = ("attention", "cross_attention", "mlp")
+PRIORS = ("normal", "fan_in", "empirical_bayes")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +83,13 @@ class TransformerConfig:
     remat_policy: rematerialize layers in the backward pass: ``none``, ``full``
       or ``minimal`` (save matmul outputs).
     estimators: each component's estimator.
-    prior_stddev: standard deviation of the N(0, s^2) prior of Bayesian weights.
+    prior: the prior of every Bayesian weight tensor: ``normal``,
+      ``N(0, prior_stddev^2)``; ``fan_in``, ``N(0, prior_stddev^2 / fan_in)``
+      (``prior_stddev=1`` is the weights' own scale at initialization);
+      ``empirical_bayes``, ``N(m, s^2)`` with ``m`` and ``s`` per tensor fitted by
+      the ELBO, from ``N(0, prior_stddev^2 / fan_in)``.
+    prior_stddev: the prior's standard deviation (its scale, for ``fan_in``
+      and ``empirical_bayes``).
     posterior_stddev_ratio: initial posterior stddev as a fraction of
       ``1 / sqrt(fan_in)`` (see ``meshbayes.layers.initializers``).
     one_sample_per_sequence: components (``attention``, ``cross_attention``,
@@ -109,6 +116,7 @@ class TransformerConfig:
   scan_layers: bool = True
   remat_policy: str = "none"
   estimators: Estimators = Estimators()
+  prior: str = "normal"
   prior_stddev: float = 1.0
   posterior_stddev_ratio: float = 0.1
   one_sample_per_sequence: tuple[str, ...] = ()
@@ -141,6 +149,8 @@ class TransformerConfig:
     if self.remat_policy not in REMAT_POLICIES:
       raise ValueError(f"TransformerConfig: remat_policy={self.remat_policy!r} must be one of "
                        f"{REMAT_POLICIES}")
+    if self.prior not in PRIORS:
+      raise ValueError(f"TransformerConfig: prior={self.prior!r} must be one of {PRIORS}")
     for name in ("prior_stddev", "posterior_stddev_ratio"):
       if not getattr(self, name) > 0:
         raise ValueError(f"TransformerConfig: {name}={getattr(self, name)!r} must be positive")

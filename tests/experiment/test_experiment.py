@@ -103,6 +103,18 @@ def test_two_methods_end_to_end_at_both_checkpoints_and_resumed(data_dir, tmp_pa
     curve = experiment.validation_curve(out / "runs" / run)
     assert summary["best_steps"][run] == min(curve, key=lambda p: p[1])[0]
   assert set(summary["posterior"]["bayesian"]) == {"self_attention", "cross_attention", "mlp"}
+  # Convergence: each group's median stddev from the trainer's evaluations (steps 2 and 4).
+  converged = summary["convergence"]["bayesian"]
+  assert set(converged["groups"]) == {"encoder/attention", "encoder/mlp", "decoder/mlp",
+                                      "decoder/self_attention",
+                                      "decoder/encoder_decoder_attention"}
+  rows = [json.loads(l) for l in (out / "runs" / "bayesian" / "eval" / "metrics.jsonl")
+          .read_text().splitlines()]
+  key = "posterior_stddev_median/encoder/mlp"
+  assert converged["groups"]["encoder/mlp"]["change"] == pytest.approx(
+      rows[-1][key] / rows[-2][key] - 1)
+  assert converged["neg_elbo"] > converged["nll"]
+  assert re.search(r"\| bayesian \| \d+\.\d{4} \| \d+\.\d{4} \| encoder/mlp \| ", report)
   with pytest.MonkeyPatch.context() as patch:
     patch.setenv("MESHBAYES_DATA_DIR", str(data_dir))
     calls = []

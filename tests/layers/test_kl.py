@@ -178,3 +178,43 @@ def test_kl_penalty_scaling_and_errors():
   assert float(layers.kl_penalty(50.0, num_train_units=200, kl_weight=0.5)) == pytest.approx(0.125)
   with pytest.raises(ValueError, match="num_train_units=0"):
     layers.kl_penalty(1.0, num_train_units=0)
+
+
+@pytest.mark.parametrize("make, fan_in, weights", [
+    (lambda prior: layers.DenseFlipout(features=5, bayesian_bias=True, prior=prior), 4,
+     ("kernel", "bias")),
+    (lambda prior: layers.DenseGeneralLocalReparameterization(
+        features=(2, 3), axis=(-2, -1), use_bias=False, prior=prior), 12, ("kernel",)),
+    (lambda prior: layers.ConvReparameterization(features=3, kernel_size=(3,), use_bias=False,
+                                                 prior=prior), 12, ("kernel",)),
+])
+def test_a_fan_in_scaled_prior_has_stddev_scale_over_sqrt_fan_in_of_each_tensor(make, fan_in,
+                                                                               weights):
+  layer = make(layers.NormalPrior(stddev=2.0, fan_in_scaled=True))
+  x = jnp.ones((2, 5, 4)) if "Conv" in type(layer).__name__ else jnp.ones((2, 4, 3))
+  x = jnp.ones((2, 4)) if isinstance(layer, layers.DenseFlipout) else x
+  params = randomize_posterior(layer.init(jax.random.key(0), x)["params"], jax.random.key(1))
+  # The bias has fan-in 1: its prior is the unscaled N(0, 2^2).
+  expected = sum(reference_normal_kl(params[f"{w}_loc"], stddev(params[f"{w}_scale"]), 0.0,
+                                     2.0 / math.sqrt(fan_in if w == "kernel" else 1))
+                 for w in weights)
+  np.testing.assert_allclose(recorded_kl(layer, params, x, deterministic=True), expected,
+                             rtol=1e-5)
+
+
+def test_fan_in_scaled_priors_resolve_per_tensor_and_refuse_a_kl_without_one():
+  assert layers.NormalPrior(fan_in_scaled=True).for_fan_in(25).stddev == pytest.approx(0.2)
+  trainable = layers.TrainableNormalPrior(init_stddev=3.0, fan_in_scaled=True).for_fan_in(9)
+  assert trainable.init_stddev == pytest.approx(1.0) and not trainable.fan_in_scaled
+  assert layers.NormalPrior(stddev=0.5).for_fan_in(100).stddev == 0.5
+  with pytest.raises(ValueError, match=r"fan_in_scaled=True\) has no fan-in yet: call for_fan_in"):
+    layers.NormalPrior(fan_in_scaled=True).kl(jnp.zeros(2), jnp.ones(2), {}, None)
+  embed = layers.EmbedFlipout(num_embeddings=7, features=16,
+                              prior=layers.NormalPrior(fan_in_scaled=True))
+  ids = jnp.zeros((1,), jnp.int32)
+  params = randomize_posterior(embed.init(jax.random.key(0), ids)["params"], jax.random.key(1))
+  # An embedding's fan-in is its width, as its initializer's.
+  expected = reference_normal_kl(params["embedding_loc"], stddev(params["embedding_scale"]),
+                                 0.0, 0.25)
+  np.testing.assert_allclose(recorded_kl(embed, params, ids, deterministic=True), expected,
+                             rtol=1e-5)

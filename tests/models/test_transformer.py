@@ -5,10 +5,11 @@ import math
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from flax import traverse_util
 
-from meshbayes.layers import count_parameters
+from meshbayes.layers import KL_COLLECTION, count_parameters, normal_kl, total_kl
 from meshbayes.models.configurables import preset_config
 from meshbayes.models.encoder_decoder import EncoderDecoderModel
 from meshbayes.models.transformer import Estimators, Transformer, TransformerConfig
@@ -118,6 +119,36 @@ def test_config_and_estimator_errors():
     TransformerConfig(one_sample_per_sequence=("logits",))
   with pytest.raises(ValueError, match="'mlp', whose estimator local_reparameterization"):
     TransformerConfig(one_sample_per_sequence=("mlp",))
+  with pytest.raises(ValueError, match=r"prior='laplace' must be one of \('normal', 'fan_in'"):
+    TransformerConfig(prior="laplace")
+
+
+@pytest.mark.parametrize("prior", ["fan_in", pytest.param("empirical_bayes",
+                                                         marks=pytest.mark.slow)])
+def test_a_fan_in_prior_gives_each_kernel_the_kl_of_its_own_fan_in(prior):
+  """Attention's query takes embed inputs, its out projection heads x kv; the feed-forward
+  wi takes embed, wo mlp: each kernel's KL is against N(0, c^2 / its fan-in)."""
+  config = TINY.replace(num_encoder_layers=1, num_decoder_layers=1, prior=prior,
+                        prior_stddev=0.5)
+  module = Transformer(config)
+  tokens = jnp.ones((2, 6), jnp.int32)
+  params = nn.unbox(module.init(jax.random.key(0), tokens, tokens)["params"])
+  flat = traverse_util.flatten_dict(params)
+  if prior == "empirical_bayes":  # each tensor's trainable prior starts at its fan-in's scale
+    np.testing.assert_allclose(
+        jax.nn.softplus(flat[("encoder", "layers", "mlp", "wo", "kernel_prior_scale")]),
+        0.5 / math.sqrt(64), rtol=1e-6)
+  flat = {k: v + 0.01 * jax.random.normal(jax.random.key(len(k)), v.shape)
+          if k[-1] in ("kernel_loc", "kernel_scale") else v for k, v in flat.items()}
+  _, state = module.apply({"params": traverse_util.unflatten_dict(flat)}, tokens, tokens,
+                          deterministic=True, mutable=[KL_COLLECTION])
+  fan_ins = {"query": 32, "key": 32, "value": 32, "out": 2 * 16, "wi_0": 32, "wi_1": 32,
+             "wo": 64}
+  expected = sum(
+      float(jnp.sum(normal_kl(loc, jax.nn.softplus(flat[path[:-1] + ("kernel_scale",)]), 0.0,
+                              0.5 / math.sqrt(fan_ins[path[-2]]))))
+      for path, loc in flat.items() if path[-1] == "kernel_loc")
+  assert float(total_kl(state)) == pytest.approx(expected, rel=1e-5)
 
 
 def test_one_sample_per_sequence_makes_a_sentences_positions_share_the_attention_sample():

@@ -28,7 +28,7 @@ def straight(tmp_path_factory):
   """8 IVON steps in one run."""
   model_dir = tmp_path_factory.mktemp("ivon") / "straight"
   try:
-    launch.run("meshbayes.train", "train", ivon_args(model_dir, 8))
+    launch.run("meshbayes.train", "train", ivon_args(model_dir, 8, "--gin.train.eval_period=8"))
   except SystemExit as exit_:
     assert not exit_.code
   return model_dir
@@ -76,6 +76,20 @@ def test_the_posterior_of_an_ivon_checkpoint(straight, capsys):
   np.testing.assert_allclose(got, expected, rtol=1e-5)
   np.testing.assert_array_equal(posterior.mean["encoder"]["layers"]["mlp"]["wo"]["kernel"],
                                 saved[f"params/{name}"])
+  # The evaluation's convergence diagnostic: the median stddev of each layer group.
+  evaluation = json.loads((straight / "eval" / "metrics.jsonl").read_text().splitlines()[-1])
+  mlp = [np.ravel(1.0 / np.sqrt(UNITS * (saved[k] + 1e-4))) for k in sorted(saved)
+         if k.startswith("opt_state/hessian/encoder/layers/mlp/")]
+  assert evaluation["step"] == 8
+  np.testing.assert_allclose(evaluation["posterior_stddev_median/encoder/mlp"],
+                             np.median(np.concatenate(mlp)), rtol=1e-5)
+  assert {k for k in evaluation if k.startswith("posterior_stddev_median/")} == {
+      f"posterior_stddev_median/{g}" for g in ("encoder/attention", "encoder/mlp",
+                                               "decoder/self_attention",
+                                               "decoder/encoder_decoder_attention",
+                                               "decoder/mlp", "token_embedder",
+                                               # norms (and the decoder's logits)
+                                               "encoder", "decoder")}
 
   assert inspect_checkpoint.main(["show", str(straight)]) == 0
   shown = capsys.readouterr().out

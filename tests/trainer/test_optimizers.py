@@ -5,7 +5,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from meshbayes.optimizers import KLWeight, LearningRate, Optimizer, decay_mask
+from meshbayes.optimizers import (
+    KLWeight,
+    LearningRate,
+    Optimizer,
+    decay_mask,
+    posterior_scale_mask,
+)
 
 
 def test_learning_rate_schedules():
@@ -37,10 +43,32 @@ def test_weight_decay_never_touches_posterior_scales_or_priors():
   assert float(jnp.abs(updates["dense"]["kernel_loc"]).max()) > 0
 
 
+@pytest.mark.parametrize("name", ["adamw", "sgd", "adafactor"])
+def test_posterior_scales_step_scale_lr_multiplier_times_the_others(name):
+  params = {"dense": {"kernel_loc": jnp.ones(3), "kernel_scale": jnp.full(3, -5.0),
+                      "kernel_prior_scale": jnp.ones(()), "bias": jnp.ones(3)},
+            "norm": {"scale": jnp.ones(3)}}
+  assert posterior_scale_mask(params) == {
+      "dense": {"kernel_loc": False, "kernel_scale": True, "kernel_prior_scale": False,
+                "bias": False}, "norm": {"scale": False}}
+  grads = jax.tree.map(lambda p: jnp.full_like(p, 0.3), params)
+  updates = {}
+  for multiplier in (1.0, 7.0):
+    tx = Optimizer(name, LearningRate("constant", 0.01, 0), clip_gradient_norm=0,
+                   scale_lr_multiplier=multiplier).transformation()
+    updates[multiplier] = tx.update(grads, tx.init(params), params)[0]
+  for path, ratio in ((("dense", "kernel_scale"), 7.0), (("dense", "kernel_loc"), 1.0),
+                      (("dense", "kernel_prior_scale"), 1.0), (("norm", "scale"), 1.0)):
+    np.testing.assert_allclose(updates[7.0][path[0]][path[1]],
+                               ratio * updates[1.0][path[0]][path[1]], rtol=1e-6)
+  assert float(jnp.abs(updates[1.0]["dense"]["kernel_scale"]).max()) > 0
+
+
 @pytest.mark.parametrize("make, match", [
     (lambda: LearningRate("linear"), r"schedule='linear' must be one of"),
     (lambda: LearningRate("cosine", decay_steps=None), r"cosine needs decay_steps > warmup_steps"),
     (lambda: Optimizer("lamb"), r"name='lamb' must be one of"),
+    (lambda: Optimizer(scale_lr_multiplier=0), r"scale_lr_multiplier=0 must be > 0"),
     (lambda: KLWeight("linear", warmup_steps=0), r"linear annealing needs warmup_steps >= 1"),
 ])
 def test_schedule_errors(make, match):
