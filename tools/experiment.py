@@ -255,11 +255,16 @@ def _write_json(path: Path, value: Any) -> None:
   temporary.replace(path)
 
 
-def validation_curve(run_dir: Path) -> list[tuple[int, float]]:
-  """``(step, validation NLL)`` of the trainer's periodic evaluations, by step."""
+def _evaluations(run_dir: Path) -> list[dict[str, Any]]:
+  """The trainer's periodic validation passes of a run (``eval/metrics.jsonl``), by step."""
   path = run_dir / "eval" / "metrics.jsonl"
   rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-  return sorted((int(r["step"]), float(r["nll"])) for r in rows if "nll" in r)
+  return sorted((r for r in rows if "nll" in r), key=lambda r: int(r["step"]))
+
+
+def validation_curve(run_dir: Path) -> list[tuple[int, float]]:
+  """``(step, validation NLL)`` of the trainer's periodic evaluations, by step."""
+  return [(int(r["step"]), float(r["nll"])) for r in _evaluations(run_dir)]
 
 
 def convergence(run_dir: Path) -> dict[str, Any]:
@@ -267,9 +272,7 @@ def convergence(run_dir: Path) -> dict[str, Any]:
   plug-in negative ELBO (the posterior mean's NLL plus KL / training tokens), and per layer
   group the median posterior stddev and its relative change over the last tenth of the
   run (``meshbayes.posterior_diagnostics``). Empty without evaluations or stddevs."""
-  path = run_dir / "eval" / "metrics.jsonl"
-  rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-  rows = sorted((r for r in rows if "nll" in r), key=lambda r: r["step"])
+  rows = _evaluations(run_dir)
   groups = sorted({k for r in rows for k in r if k.startswith(MEDIAN_PREFIX)})
   if len(rows) < 2 or not groups:
     return {}

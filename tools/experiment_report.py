@@ -215,7 +215,7 @@ def _convergence_table(runs: Path, names: Sequence[str]) -> tuple[str, dict[str,
   summary = {}
   for name in names:
     end = summary[name] = convergence(runs / name)
-    for group, g in (end or {}).get("groups", {}).items():
+    for group, g in end.get("groups", {}).items():
       lines.append(f"| {name} | {end['nll']:.4f} | {end['neg_elbo']:.4f} | {group} | "
                    f"{g['median']:.3g} | {100 * g['change']:+.1f}% (step {g['from_step']} to "
                    f"{end['step']}) |")
