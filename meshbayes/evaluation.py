@@ -31,7 +31,8 @@ from meshbayes import evaluation_items, metrics, predictive_eval
 from meshbayes.data import paths
 from meshbayes.metrics import bootstrap
 from meshbayes.data.pipeline import TaskData, get_task
-from meshbayes.inference import encode_lines, in_batches, read_lines, restore_params
+from meshbayes.inference import (as_trained, encode_lines, in_batches, read_lines,
+                                 restore_params)
 from meshbayes.layers import Ensemble, MCDropout, holds_posterior
 from meshbayes.metrics_writer import MetricsWriter, progress
 from meshbayes.models.base import BaseModel
@@ -255,6 +256,7 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
                      ">= 1")
   partitioner = partitioner or Partitioner()
   params, step = restore_params(model_dir, model, data, partitioner, checkpoint_step)
+  model = as_trained(model, data, model_dir, checkpoint_step)  # the KL divisor D is the run's
   if mc_dropout:
     model, params = _mc_dropout(model, params, num_samples)
   if ensemble_dirs:

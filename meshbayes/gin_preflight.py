@@ -92,8 +92,10 @@ def _read_gin_file(name: str, prefixes: Sequence[str]) -> tuple[str, str]:
         with reader(path) as file:
           text = file.read()
         return path, text.decode() if isinstance(text, bytes) else text
-  searched = ", ".join(p for p in prefixes if p)
-  raise FileNotFoundError(f"gin file {name!r} not found as given nor in {searched}")
+  searched = ", ".join(dict.fromkeys(p for p in prefixes if p))
+  known = [str(path.relative_to(GIN_CONFIGS)) for path in GIN_CONFIGS.rglob("*.gin")]
+  raise FileNotFoundError(f"gin file {name!r} not found as given nor in {searched}"
+                          + suggestion(name.removeprefix("gin_configs/"), known))
 
 
 # Gin text, read without the configurables.
@@ -250,18 +252,20 @@ def suggestion(name: str, candidates: Sequence[str]) -> str:
 
 
 def _check_bindings(bindings: Sequence[_Binding], command_line: Sequence[_Binding],
-                    entry_point: str) -> None:
+                    entry_point: str, trained: Sequence[_Binding] = ()) -> None:
   """What can be told of a configuration without its configurables.
 
   Args:
     bindings: every binding, in the order gin applies them (``command_line`` last).
     command_line: the bindings of the command line's ``--gin.NAME=VALUE`` flags.
     entry_point: the configurable the command calls.
+    trained: the bindings of the training run's model (applied first).
 
   Raises:
     ValueError: a macro of the command line that nothing refers to (a typo:
       it would have no effect), with the nearest known names; or a
-      ``%gin.REQUIRED`` macro that the entry point uses and nothing sets.
+      ``%gin.REQUIRED`` macro that the entry point uses and nothing sets (or that a
+      file sets before another file requires it again: the files' order).
   """
   flags = {id(b) for b in command_line}
   from_files = [b for b in bindings if id(b) not in flags]
@@ -274,8 +278,19 @@ def _check_bindings(bindings: Sequence[_Binding], command_line: Sequence[_Bindin
           f"refers to %{binding.selector})" + suggestion(
               binding.selector,
               sorted(known) + sorted({b.name for b in from_files if not b.is_macro})))
-  missing = [b.selector for b in _reached(bindings, [_Reference("@", entry_point)])
-             if b.is_macro and b.is_required()]
+  required = [b for b in _reached(bindings, [_Reference("@", entry_point)])
+              if b.is_macro and b.is_required()]
+  for binding in required:  # set by an earlier file, then required again by a later one
+    earlier = [b for b in bindings[:bindings.index(binding)]
+               if b.defines(_Reference("%", binding.selector)) and not b.is_required()
+               and b not in trained]
+    if earlier:
+      raise ValueError(
+          f"gin macro {binding.selector} is set in {earlier[-1].where} but reset to "
+          f"%gin.REQUIRED by {binding.where}, which comes after it: gin applies files in "
+          f"order, so give {binding.where.rsplit(':', 1)[0]} before "
+          f"{earlier[-1].where.rsplit(':', 1)[0]}")
+  missing = [b.selector for b in required]
   if len(missing) == 1:
     raise ValueError(f"gin macro {missing[0]} is %gin.REQUIRED but not set; set it with "
                      f"--gin.{missing[0]}=VALUE")
@@ -331,6 +346,22 @@ def _trained_model(model_dir: Any) -> tuple[str, str]:
   return str(path), model_bindings(path.read_text(), str(path))
 
 
+def _check_trained_run(model_dir: Any) -> None:
+  """Raises a one-line ValueError when MODEL_DIR (a string) holds no training run: no
+  ``config.gin`` and no ``checkpoints/``."""
+  if not isinstance(model_dir, str) or not model_dir:
+    return  # unset: the missing macro is told by the bindings' check
+  from etils import epath
+
+  path = epath.Path(model_dir)
+  if (path / TRAINED_CONFIG).exists() or (path / "checkpoints").exists():
+    return
+  what = ("does not exist" if not path.exists() else "is a file" if path.is_file()
+          else "holds no training run (no config.gin, no checkpoints/)")
+  raise ValueError(f"MODEL_DIR {model_dir!r} {what}; give the MODEL_DIR a run was trained "
+                   "into (meshbayes.train)")
+
+
 # The configuration of a command line.
 
 
@@ -361,7 +392,9 @@ def checked_configuration(files: Sequence[str], flags: Sequence[tuple[str, str]]
     from_files = [b for name in files for b in _file_bindings(name, prefixes)]
   command_line = [b for flag, binding in flags for b in _flag_bindings(flag, binding)]
   model_dir = _macro_value(from_files + command_line, "MODEL_DIR")
+  if model_from_model_dir:
+    _check_trained_run(model_dir)
   path, trained = _trained_model(model_dir) if model_from_model_dir else ("", "")
-  _check_bindings(_bindings(_parse(trained, path), path) + from_files + command_line,
-                  command_line, entry_point)
+  from_run = _bindings(_parse(trained, path), path)
+  _check_bindings(from_run + from_files + command_line, command_line, entry_point, from_run)
   return model_dir, path, trained

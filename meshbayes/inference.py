@@ -24,9 +24,10 @@ import tqdm
 from etils import epath
 
 from meshbayes import checkpoints as checkpoints_lib
+from meshbayes.atomic_files import same_file, write_text_atomically
 from meshbayes import ivon as ivon_lib
 from meshbayes import predictive_eval
-from meshbayes.data.pipeline import TaskData, get_task
+from meshbayes.data.pipeline import TaskData, get_task, vocabulary_fingerprint
 from meshbayes.layers import WeightPosterior, holds_posterior
 from meshbayes.models.base import BaseModel
 from meshbayes.optimizers import IVON_META
@@ -40,7 +41,8 @@ _NOTHING_MEASURED = {"log_prob": None, "num_tokens": 0, "entropy": None,
 
 def restore_params(model_dir: str | Path, model: BaseModel, data: TaskData,
                    partitioner: Partitioner, step: int | None = None) -> tuple[Any, int]:
-  """The parameters of a checkpoint, sharded for ``partitioner``, and its step.
+  """The parameters of a checkpoint, sharded for ``partitioner``, and its step; a
+  vocabulary other than the run's is refused (``check_vocabulary``).
 
   An IVON run's are its posterior: a ``WeightPosterior`` of the parameters
   (the mean) and the stddevs from the saved Hessian estimate, which
@@ -50,7 +52,9 @@ def restore_params(model_dir: str | Path, model: BaseModel, data: TaskData,
   params = jax.eval_shape(lambda k: model.get_initial_variables(k, shapes)["params"],
                           jax.random.key(0))
   step_dir = checkpoints_lib.find_step_dir(model_dir, step)
-  ivon = checkpoints_lib.read_meta(step_dir).get(IVON_META)
+  meta = checkpoints_lib.read_meta(step_dir)
+  check_vocabulary(meta, data, model_dir)
+  ivon = meta.get(IVON_META)
   target = {"params": params}
   if ivon:
     target["opt_state"] = {"hessian": jax.tree.map(
@@ -61,6 +65,39 @@ def restore_params(model_dir: str | Path, model: BaseModel, data: TaskData,
         restored["opt_state"]["hessian"], float(ivon["ess"]), float(ivon["weight_decay"]))
     return WeightPosterior(restored["params"], stddev), int(step_dir.name)
   return restored["params"], int(step_dir.name)
+
+
+def check_vocabulary(meta: dict[str, Any], data: TaskData, model_dir: str | Path) -> None:
+  """Raises a one-line ValueError when ``data``'s vocabulary is not the one the run
+  was trained with (its checkpoint's ``meta``; runs older than the record pass)."""
+  trained = meta.get("vocabulary")
+  given = vocabulary_fingerprint(data.vocabulary)
+  if trained is not None and trained != given:
+    task = f" of task {meta['task']!r}" if meta.get("task") else ""
+    raise ValueError(f"the run {model_dir} was trained with the vocabulary{task} ({trained}), "
+                     f"not with task {data.task!r}'s ({given}): use the run's task, or one "
+                     "with its vocabulary")
+
+
+def as_trained(model: BaseModel, data: TaskData, model_dir: str | Path,
+               step: int | None = None) -> BaseModel:
+  """``model`` with the KL divisor ``D`` (``num_train_units``) the run was trained
+  with, whatever task is evaluated; says so on stderr when the task is not the
+  run's (out-of-distribution evaluation: allowed, the vocabulary being the same)."""
+  meta = checkpoints_lib.read_meta(checkpoints_lib.find_step_dir(model_dir, step))
+  say = (lambda line: print(line, file=sys.stderr, flush=True)) if (
+      jax.process_index() == 0) else (lambda line: None)
+  if meta.get("task") and meta["task"] != data.task:
+    say(f"note: the run {model_dir} was trained on task {meta['task']!r}; evaluating it on "
+        f"{data.task!r} (the same vocabulary) is out-of-distribution")
+  if not hasattr(model, "num_train_units"):
+    return model
+  if "num_train_units" not in meta:
+    if model.is_bayesian:
+      say(f"warning: the run {model_dir} does not record its training set's size; the KL "
+          f"divisor D = {model.num_train_units:,.0f} is task {data.task!r}'s")
+    return model
+  return dataclasses.replace(model, num_train_units=float(meta["num_train_units"]))
 
 
 def read_lines(path: str | Path, skip_empty: bool = False) -> list[str]:
@@ -230,6 +267,12 @@ def infer(*, model_dir: str, model: BaseModel, data: TaskData, input_file: str,
   """
   if not isinstance(num_samples, int) or num_samples < 0:
     raise ValueError(f"infer: num_samples={num_samples!r} must be an int >= 0")
+  scores_file = str(output_file) + SCORES_SUFFIX
+  for name, path in (("OUTPUT_FILE", output_file), (f"OUTPUT_FILE + {SCORES_SUFFIX!r}",
+                                                      scores_file)):
+    if same_file(path, input_file):
+      raise ValueError(f"infer: {name} {str(path)!r} is INPUT_FILE {str(input_file)!r} (it "
+                       "would overwrite the inputs); give another OUTPUT_FILE")
   writer = jax.process_index() == 0
   length = data.feature_lengths["inputs"]
   encoded = encode_inputs(read_lines(input_file),
@@ -239,6 +282,10 @@ def infer(*, model_dir: str, model: BaseModel, data: TaskData, input_file: str,
   if warning and writer:
     print(warning, file=sys.stderr, flush=True)
   partitioner = partitioner or Partitioner()
+  try:  # before any work: decoding places BATCH_SIZE rows over the mesh's batch axes
+    partitioner.data_layout(data.batch_size)
+  except ValueError as error:
+    raise ValueError(f"infer: BATCH_SIZE={data.batch_size}: {error}") from None
   params, _ = restore_params(model_dir, model, data, partitioner, checkpoint_step)
   predictive = predictive_eval.predictives(model.is_bayesian or holds_posterior(params),
                                            num_samples)[0]
@@ -255,9 +302,8 @@ def infer(*, model_dir: str, model: BaseModel, data: TaskData, input_file: str,
   if writer:
     output = epath.Path(output_file)
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text("".join(text + "\n" for text in texts))
-    epath.Path(str(output_file) + SCORES_SUFFIX).write_text(
-        "".join(json.dumps(s) + "\n" for s in scores))
+    write_text_atomically(output, "".join(text + "\n" for text in texts))
+    write_text_atomically(scores_file, "".join(json.dumps(s) + "\n" for s in scores))
     print(f"decoded {len(texts)} lines of {input_file} ({len(texts) - len(inputs)} empty) into "
-          f"{output_file}, scores in {output_file}{SCORES_SUFFIX}")
+          f"{output_file}, scores in {scores_file}")
   return len(texts)

@@ -27,6 +27,10 @@ KL_SCHEDULES = ("constant", "linear")
 IVON_META = "ivon"
 
 
+def _is_number(value: Any) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 @dataclasses.dataclass(frozen=True)
 class LearningRate:
   """A learning-rate schedule with linear warm-up.
@@ -50,9 +54,10 @@ class LearningRate:
   def __post_init__(self):
     if self.schedule not in SCHEDULES:
       raise ValueError(f"LearningRate: schedule={self.schedule!r} must be one of {SCHEDULES}")
-    if not self.base > 0 or self.warmup_steps < 0:
-      raise ValueError(f"LearningRate: base={self.base!r} must be > 0 and warmup_steps="
-                       f"{self.warmup_steps!r} >= 0")
+    if not _is_number(self.base) or not self.base > 0:
+      raise ValueError(f"LearningRate: base={self.base!r} must be a number > 0")
+    if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+      raise ValueError(f"LearningRate: warmup_steps={self.warmup_steps!r} must be an int >= 0")
     if self.schedule == "cosine" and not (self.decay_steps or 0) > self.warmup_steps:
       raise ValueError(f"LearningRate: cosine needs decay_steps > warmup_steps, got "
                        f"decay_steps={self.decay_steps!r}")
@@ -121,10 +126,11 @@ class Optimizer:
   def __post_init__(self):
     if self.name not in OPTIMIZERS:
       raise ValueError(f"Optimizer: name={self.name!r} must be one of {OPTIMIZERS}")
-    if self.weight_decay < 0 or self.clip_gradient_norm < 0:
-      raise ValueError(f"Optimizer: weight_decay={self.weight_decay!r} and clip_gradient_norm="
-                       f"{self.clip_gradient_norm!r} must be >= 0")
-    if not self.scale_lr_multiplier > 0:
+    for name, note in (("weight_decay", ""), ("clip_gradient_norm", " (0: no clipping)")):
+      value = getattr(self, name)
+      if not _is_number(value) or value < 0:
+        raise ValueError(f"Optimizer: {name}={value!r} must be a number >= 0{note}")
+    if not _is_number(self.scale_lr_multiplier) or not self.scale_lr_multiplier > 0:
       raise ValueError(f"Optimizer: scale_lr_multiplier={self.scale_lr_multiplier!r} must be "
                        "> 0 (1: the same learning rate as the other parameters)")
     if self.ivon is not None and self.name != "ivon":

@@ -49,6 +49,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
 from meshbayes import checkpoints as checkpoints_lib
+from meshbayes.atomic_files import write_text_atomically
 from meshbayes.data.pipeline import TaskData, vocabulary_fingerprint
 from meshbayes.evaluation import teacher_forced_metrics
 from meshbayes.host_input import HostBatches, HostInput
@@ -109,16 +110,6 @@ def _make_model_dir(path: str | os.PathLike) -> epath.Path:
     raise ValueError(f"train: MODEL_DIR {model_dir} must be a directory, but {blocker} is a "
                      "file") from None
   return model_dir
-
-
-def _write_atomically(path: epath.Path, text: str) -> None:
-  """Writes ``path`` whole or not at all (a local rename; an object store's writes are)."""
-  if "://" in os.fspath(path):
-    path.write_text(text)
-    return
-  partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-  partial.write_text(text)
-  partial.replace(path)
 
 
 def _check_vocabulary(model: BaseModel, data: TaskData) -> str:
@@ -301,7 +292,9 @@ def _run(model_dir: epath.Path, model: BaseModel, data: TaskData, vocabulary: st
   # One host per group of hosts reading the same shards saves their position.
   saves_input = partitioner.shard_readers()[layout.shard_id][0] == jax.process_index()
   meta = {"param_logical_axes": _param_axes(abstract), "input_shards": host_input.input_shards,
-          "batch_size": data.batch_size, "vocabulary": vocabulary}
+          "batch_size": data.batch_size, "vocabulary": vocabulary, "task": data.task}
+  if getattr(model, "num_train_units", None) is not None:  # the KL's D, for evaluation
+    meta["num_train_units"] = float(model.num_train_units)
   if steps.ivon is not None:  # what turns the saved state into the posterior
     meta[IVON_META] = {"ess": steps.ivon.ess, "weight_decay": steps.ivon.weight_decay}
   start = int(state.step)
@@ -334,8 +327,9 @@ def _run(model_dir: epath.Path, model: BaseModel, data: TaskData, vocabulary: st
   configuration = gin.config_str()
   if configuration and jax.process_index() == 0:  # the start's, once it is known to work
     (model_dir / "configs").mkdir(exist_ok=True)
-    _write_atomically(model_dir / "configs" / f"start-{start}-{time.strftime('%Y%m%d-%H%M%S')}"
-                      ".gin", configuration)
+    write_text_atomically(
+        model_dir / "configs" / f"start-{start}-{time.strftime('%Y%m%d-%H%M%S')}.gin",
+        configuration)
   STOP_SIGNALS.exit_at_once = False  # from the first new step on, a signal saves it
 
   # Metrics stay on the device until a step that logs, evaluates, saves or stops: the host
@@ -389,7 +383,7 @@ def _run(model_dir: epath.Path, model: BaseModel, data: TaskData, vocabulary: st
                  batches.states() if saves_input else None)
       if last_saved in (None, start):  # this start's first checkpoint
         if configuration and jax.process_index() == 0:
-          _write_atomically(model_dir / "config.gin", configuration)
+          write_text_atomically(model_dir / "config.gin", configuration)
       last_saved = step
     window_start += time.perf_counter() - paused
     if stop:

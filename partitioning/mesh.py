@@ -31,8 +31,9 @@ def _check_size(name: str, size: object) -> None:
 
 
 def _simulation_hint(count: int) -> str:
-  return (f"; on CPU, simulate {count} devices with XLA_FLAGS="
-          f"--xla_force_host_platform_device_count={count} set before jax is imported")
+  return (f"; on CPU, simulate {count} devices: --num_cpu_devices={count} on a meshbayes "
+          f"command line, or XLA_FLAGS=--xla_force_host_platform_device_count={count} set "
+          "before jax is imported")
 
 
 def resolve_axis_sizes(num_devices: int, sizes: Mapping[str, int], *, on_cpu: bool = False

@@ -158,8 +158,9 @@ def test_a_mesh_larger_than_the_cpu_devices_says_how_to_simulate_them():
   with pytest.raises(ValueError) as error:
     partitioning.Partitioner(data=2, model=4, rules="fsdp_tp", devices=jax.devices()[:1])
   assert str(error.value) == (
-      "mesh data=2 x model=4 needs 8 devices but 1 are available; on CPU, simulate 8 devices "
-      "with XLA_FLAGS=--xla_force_host_platform_device_count=8 set before jax is imported")
+      "mesh data=2 x model=4 needs 8 devices but 1 are available; on CPU, simulate 8 devices: "
+      "--num_cpu_devices=8 on a meshbayes command line, or XLA_FLAGS=--xla_force_host_platform"
+      "_device_count=8 set before jax is imported")
 
 
 def test_the_commands_print_one_line_and_exit_1_as_processes(tmp_path):
@@ -171,3 +172,60 @@ def test_the_commands_print_one_line_and_exit_1_as_processes(tmp_path):
   assert result.stdout == "meshbayes.train: reading the configuration ...\n"
   [line] = result.stderr.splitlines()
   assert "--gin.MODEL_DIR=\"'runs/x'\"" in line and f"(traceback in {tmp_path}/" in line
+
+
+def command_line(capsys, prog, entry_point, *args, **kwargs):
+  """A command here: (exit status, the one error line)."""
+  with pytest.raises(SystemExit) as exit_:
+    launch.run(prog, entry_point, list(args), **kwargs)
+  lines = capsys.readouterr().err.strip().splitlines()
+  assert len(lines) == 1, lines
+  return exit_.value.code, LOGGED.sub("", lines[0])
+
+
+@pytest.mark.parametrize("kind", ["missing", "empty", "file"])
+def test_eval_without_a_trained_run_says_so_and_leaves_model_dir_alone(tmp_path, capsys, kind):
+  model_dir = tmp_path / "run"
+  if kind == "empty":
+    model_dir.mkdir()
+  elif kind == "file":
+    model_dir.write_text("")
+  what = {"missing": "does not exist", "file": "is a file",
+          "empty": "holds no training run (no config.gin, no checkpoints/)"}[kind]
+  code, line = command_line(capsys, "meshbayes.eval", "evaluate", "--gin_file=runs/eval.gin",
+                            "--gin_file=tasks/synthetic.gin", f"--gin.MODEL_DIR='{model_dir}'",
+                            "--gin.BATCH_SIZE=8", model_from_model_dir=True)
+  assert code == 1 and line == (f"meshbayes.eval: error: MODEL_DIR '{model_dir}' {what}; give "
+                                "the MODEL_DIR a run was trained into (meshbayes.train)")
+  assert not model_dir.is_dir() or not any(model_dir.iterdir())
+
+
+def test_a_misspelled_gin_file_suggests_the_nearest_and_lists_each_place_once(capsys):
+  code, _, line, _ = train(capsys, "--gin_file=uncertainty/bayesain.gin")
+  assert code == 1 and "; did you mean uncertainty/bayesian.gin or" in line, line
+  searched = line.split(" nor in ")[1].split(";")[0].split(", ")
+  assert len(searched) == len(set(searched)) >= 2
+
+
+def test_a_task_file_before_the_run_file_is_told_as_the_order(capsys):
+  code, line = command_line(capsys, "meshbayes.eval", "evaluate", "--gin_file=tasks/synthetic.gin",
+                            "--gin_file=runs/eval.gin", "--gin.MODEL_DIR='runs/x'",
+                            "--gin.BATCH_SIZE=8")
+  assert code == 1 and re.fullmatch(
+      r"meshbayes.eval: error: gin macro (MIXTURE_OR_TASK_NAME|TASK_FEATURE_LENGTHS) is set in "
+      r"\S+/tasks/synthetic.gin:\d+ but reset to %gin.REQUIRED by \S+/runs/eval.gin:\d+, which "
+      r"comes after it: gin applies files in order, so give \S+/runs/eval.gin before "
+      r"\S+/tasks/synthetic.gin", line), line
+
+
+@pytest.mark.parametrize("binding, message", [
+    ("--gin.optimizers.Optimizer.clip_gradient_norm=None",
+     "Optimizer: clip_gradient_norm=None must be a number >= 0 (0: no clipping)"),
+    ("--gin.optimizers.LearningRate.base=-0.001",
+     "LearningRate: base=-0.001 must be a number > 0"),
+    ("--gin.optimizers.LearningRate.warmup_steps=-5",
+     "LearningRate: warmup_steps=-5 must be an int >= 0"),
+], ids=["clip_none", "negative_lr", "negative_warmup"])
+def test_bad_optimizer_values_name_only_the_bad_one(tmp_path, capsys, binding, message):
+  code, _, line, _ = train(capsys, *train_args(tmp_path / "run", 2), binding)
+  assert code == 1 and line == f"meshbayes.train: error: {message}"

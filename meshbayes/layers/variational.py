@@ -260,8 +260,9 @@ def use_posterior_mean(module: nn.Module, deterministic: bool | None) -> bool:
     return True
   raise ValueError(
       f"{type(module).__name__} {module.name!r} samples its weights and needs a "
-      f"'{SAMPLE_RNG}' rng: pass rngs={{'{SAMPLE_RNG}': key}} to apply, or "
-      "deterministic=True to use the posterior mean")
+      f"'{SAMPLE_RNG}' rng: pass rngs={{'{SAMPLE_RNG}': key}} to apply, or use the "
+      "posterior mean: the layer's deterministic=True (a bayesianize'd model: "
+      "model.clone(deterministic=True))")
 
 
 def record_kl(module: nn.Module, terms: Sequence[tuple[str, Prior, Normal]]) -> None:

@@ -19,7 +19,15 @@ def test_sampling_without_a_sample_rng():
   x = jnp.ones((2, 3))
   variables = layer.init(jax.random.key(0), x)  # init needs no 'sample' rng
   one_line_error(r"DenseFlipout 'proj' samples its weights and needs a 'sample' rng: pass "
-                 r"rngs=\{'sample': key\}.*or deterministic=True", layer.apply, variables, x)
+                 r"rngs=\{'sample': key\} to apply, or use the posterior mean: the layer's "
+                 r"deterministic=True \(a bayesianize'd model: model.clone\(deterministic=True\)\)",
+                 layer.apply, variables, x)
+  # What the message says works, for a bayesianize'd model too.
+  layer.apply(variables, x, deterministic=True)
+  mlp = layers.bayesianize(nn.Dense(4), "flipout")
+  mlp_variables = mlp.init(jax.random.key(0), x)
+  one_line_error("model.clone", mlp.apply, mlp_variables, x)
+  mlp.clone(deterministic=True).apply(mlp_variables, x)
   embed = layers.EmbedReparameterization(5, 2)
   ids = jnp.array([1, 2])
   one_line_error("needs a 'sample' rng", embed.apply, embed.init(jax.random.key(0), ids), ids)

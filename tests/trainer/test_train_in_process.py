@@ -203,6 +203,68 @@ def test_bayesian_start_from_a_deterministic_checkpoint_is_moped(tmp_path, capsy
                                 det["params/token_embedder/embedding"])
 
 
+def test_eval_and_infer_cannot_give_wrong_answers_or_overwrite_their_input(
+    trained, tmp_path, capsys):
+  meta = checkpoints.read_meta(checkpoints.find_step_dir(trained))
+  assert meta["task"] == "synthetic_reverse" and meta["num_train_units"] == 450000
+  common = [f"--gin.MODEL_DIR='{trained}'", "--gin.BATCH_SIZE=64",
+            "--gin_file=models/tiny.gin", "--gin_file=tasks/synthetic.gin"]
+  # Another task with the run's vocabulary: evaluated (out of distribution) and said so;
+  # the KL divisor is the run's D whatever the evaluated task's size.
+  out_dir = tmp_path / "copy"
+  code, _, err = command(capsys, "evaluate", "--gin_file=runs/eval.gin", *common,
+                         "--gin.MIXTURE_OR_TASK_NAME='synthetic_copy'",
+                         "--gin.models.EncoderDecoderModel.num_train_units=7",
+                         "--gin.evaluate.decode=False", "--gin.data.TaskData.max_eval_batches=1",
+                         f"--gin.evaluate.output_dir='{out_dir}'")
+  assert code == 0, err[-2000:]
+  assert ("note: the run {} was trained on task 'synthetic_reverse'; evaluating it on "
+          "'synthetic_copy' (the same vocabulary) is out-of-distribution").format(trained) in err
+  metrics = json.loads((out_dir / "metrics.json").read_text())
+  assert metrics["task"] == "synthetic_copy" and metrics["kl"] > 0
+  assert metrics["kl_term"] == pytest.approx(metrics["kl"] / 450000, rel=1e-5)
+  assert metrics["neg_elbo"] == pytest.approx(metrics["sampled_nll"] + metrics["kl_term"],
+                                              rel=1e-5)
+  # INPUT_FILE as OUTPUT_FILE (or its scores file), also through a link: refused, input kept.
+  inputs = tmp_path / "in.txt"
+  inputs.write_text("5 6 7 8\n")
+  (tmp_path / "link.txt").symlink_to(inputs)
+  for output in (inputs, tmp_path / "link.txt", tmp_path / ".." / tmp_path.name / "in.txt"):
+    code, _, err = command(capsys, "infer", "--gin_file=runs/infer.gin", *common,
+                           f"--gin.INPUT_FILE='{inputs}'", f"--gin.OUTPUT_FILE='{output}'")
+    assert code == 1 and (f"infer: OUTPUT_FILE '{output}' is INPUT_FILE '{inputs}' (it would "
+                          "overwrite the inputs); give another OUTPUT_FILE") in err, err[-2000:]
+  code, _, err = command(capsys, "infer", "--gin_file=runs/infer.gin", *common,
+                         f"--gin.INPUT_FILE='{inputs}.scores.jsonl'",
+                         f"--gin.OUTPUT_FILE='{inputs}'")
+  assert code == 1 and "OUTPUT_FILE + '.scores.jsonl'" in err
+  assert inputs.read_text() == "5 6 7 8\n"
+  # A batch the mesh's data axis does not divide: the setting to change, before any work.
+  code, _, err = command(capsys, "infer", "--gin_file=runs/infer.gin", *common,
+                         "--gin.BATCH_SIZE=3", f"--gin.INPUT_FILE='{inputs}'",
+                         f"--gin.OUTPUT_FILE='{tmp_path / 'out.txt'}'")
+  assert code == 1 and re.search(r"infer: BATCH_SIZE=3: global batch of 3 examples cannot be "
+                                 r"split into 8 equal shards over mesh axes .*; use a multiple "
+                                 r"of 8", err), err[-2000:]
+
+
+def test_a_run_refuses_another_vocabulary_in_one_line():
+  from types import SimpleNamespace
+
+  from meshbayes.data import IdVocabulary
+  from meshbayes.inference import check_vocabulary
+
+  data = SimpleNamespace(task="synthetic_reverse", vocabulary=IdVocabulary(64))
+  check_vocabulary({"vocabulary": "IdVocabulary:64"}, data, "runs/a")
+  check_vocabulary({}, data, "runs/a")  # a run older than the record
+  with pytest.raises(ValueError, match=re.escape(
+      "the run runs/a was trained with the vocabulary of task 'tatoeba_enfr' "
+      "(sha256:0123456789abcdef), not with task 'synthetic_reverse''s (IdVocabulary:64): use "
+      "the run's task, or one with its vocabulary")):
+    check_vocabulary({"vocabulary": "sha256:0123456789abcdef", "task": "tatoeba_enfr"}, data,
+                     "runs/a")
+
+
 def test_evaluate_infer_and_show_a_trained_run(trained, tmp_path, capsys):
   common = [f"--gin.MODEL_DIR='{trained}'", "--gin.BATCH_SIZE=64",
             "--gin.models.EncoderDecoderModel.num_train_units=450000",

@@ -1,0 +1,39 @@
+"""Files written whole or not at all, and output paths that cannot overwrite an input.
+
+A command that writes a file (a run's configuration, inference's outputs) writes a
+temporary file beside it and renames it into place: an interrupted write leaves
+the old file or nothing, never half of one. An object store's writes are already
+whole (``gs://`` paths are written directly).
+"""
+
+from __future__ import annotations
+
+import os
+
+from etils import epath
+
+
+def write_text_atomically(path: str | os.PathLike, text: str) -> None:
+  """Writes ``text`` to ``path`` whole or not at all (a local rename)."""
+  path = epath.Path(path)
+  if "://" in os.fspath(path):
+    path.write_text(text)
+    return
+  partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+  try:
+    partial.write_text(text)
+    partial.replace(path)
+  finally:
+    if partial.exists():
+      partial.unlink()
+
+
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+  """Whether paths ``a`` and ``b`` name one file (through links and ``..``; an
+  object store's paths by their text)."""
+  a, b = os.fspath(a), os.fspath(b)
+  if "://" in a or "://" in b:
+    return a.rstrip("/") == b.rstrip("/")
+  if os.path.exists(a) and os.path.exists(b):
+    return os.path.samefile(a, b)
+  return os.path.realpath(a) == os.path.realpath(b)
