@@ -193,6 +193,7 @@ def saved_tree(step_dir: str | os.PathLike) -> Any:
   """The saved state's tree of array metadata (shapes, dtypes), without reading arrays."""
   step_dir = as_path(step_dir)
   try:
+    _check_manifest(step_dir / STATE)
     with contextlib.closing(ocp.StandardCheckpointHandler()) as handler:
       return handler.metadata(step_dir / STATE).tree
   except Exception as error:  # orbax raises many types for unreadable metadata
@@ -230,6 +231,18 @@ def read_input_states(step_dir: str | os.PathLike, names: Sequence[str] | None =
   except OSError as error:
     raise CheckpointError(f"checkpoint {step_dir} has an unreadable {INPUT} item: "
                           f"{_first_line(error)}") from error
+
+
+def _check_manifest(state_dir: epath.Path) -> None:
+  """Lists an OCDBT state's keys, which reads its manifest: a damaged one fails here, in
+  one operation, rather than in each of orbax's parallel reads (whose callbacks then fire
+  on its closed event loop and print tracebacks)."""
+  if not (state_dir / "manifest.ocdbt").exists():
+    return
+  import tensorstore as ts  # pylint: disable=import-outside-toplevel  (orbax's own)
+
+  base = os.fspath(state_dir) if "://" in os.fspath(state_dir) else f"file://{state_dir}"
+  ts.KvStore.open({"driver": "ocdbt", "base": base.rstrip("/") + "/"}).result().list().result()
 
 
 def read_arrays(step_dir: str | os.PathLike) -> dict[str, np.ndarray]:

@@ -362,6 +362,20 @@ def _check_trained_run(model_dir: Any) -> None:
                    "into (meshbayes.train)")
 
 
+def _check_train_values(model_dir: Any, train_steps: Any) -> None:
+  """The training run's simple values, checked in the first second (the trainer checks
+  them again, after the training split is counted): one-line ValueErrors."""
+  if not isinstance(train_steps, (_Reference, type(None))) and (
+      isinstance(train_steps, bool) or not isinstance(train_steps, int) or train_steps < 1):
+    raise ValueError(f"train: train_steps={train_steps!r} must be a positive int")
+  if isinstance(model_dir, str) and model_dir and "://" not in model_dir:
+    path = os.path.abspath(model_dir)
+    while path != os.path.dirname(path) and not os.path.exists(path):
+      path = os.path.dirname(path)
+    if os.path.isfile(path):
+      raise ValueError(f"train: MODEL_DIR {model_dir} must be a directory, but {path} is a file")
+
+
 # The configuration of a command line.
 
 
@@ -394,6 +408,8 @@ def checked_configuration(files: Sequence[str], flags: Sequence[tuple[str, str]]
   model_dir = _macro_value(from_files + command_line, "MODEL_DIR")
   if model_from_model_dir:
     _check_trained_run(model_dir)
+  elif entry_point == _TRAIN_ENTRY_POINT:
+    _check_train_values(model_dir, _macro_value(from_files + command_line, "TRAIN_STEPS"))
   path, trained = _trained_model(model_dir) if model_from_model_dir else ("", "")
   from_run = _bindings(_parse(trained, path), path)
   _check_bindings(from_run + from_files + command_line, command_line, entry_point, from_run)

@@ -1,10 +1,16 @@
 """Train a model: ``python -m meshbayes.train --gin_file=... --gin.MODEL_DIR="'/path'"``.
 
 Running the same command again resumes from the latest checkpoint in MODEL_DIR.
-SIGTERM and SIGINT are handled from the start (``meshbayes.launch.StopSignals``).
-See ``meshbayes.launch`` for the flags and ``meshbayes.trainer.train`` for what
-gin configures.
+SIGTERM and SIGINT are handled from the start to the exit
+(``meshbayes.launch.StopSignals``): a signal after the last step's checkpoint
+has landed ends a complete run with status 0. See ``meshbayes.launch`` for the
+flags and ``meshbayes.trainer.train`` for what gin configures.
 """
+
+import atexit
+import os
+import signal
+import sys
 
 from meshbayes import host_memory
 from meshbayes.launch import STOP_SIGNALS, run
@@ -13,7 +19,23 @@ from meshbayes.launch import STOP_SIGNALS, run
 def main() -> None:
   host_memory.exec_with_malloc_tunables()  # before anything: glibc reads it at start-up
   STOP_SIGNALS.install()  # first: a signal during start-up exits cleanly, at once
-  run("meshbayes.train", "train")
+  try:
+    run("meshbayes.train", "train")
+    status = 0
+    if STOP_SIGNALS.received:
+      print(f"{signal.Signals(STOP_SIGNALS.received).name}: received after the run's last "
+            "checkpoint; the run is complete", flush=True)
+  except SystemExit as exit_:
+    status = exit_.code if isinstance(exit_.code, int) else 1
+    if not isinstance(exit_.code, (int, type(None))):
+      print(exit_.code, file=sys.stderr)
+  # Python restores the default signal actions while it tears itself down (seconds with
+  # jax loaded): a signal then would kill the process. The exit handlers run (jax's
+  # distributed shutdown among them) while ours are still in place; then leave at once.
+  atexit._run_exitfuncs()  # pylint: disable=protected-access
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(status)
 
 
 if __name__ == "__main__":

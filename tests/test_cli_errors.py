@@ -64,10 +64,14 @@ def test_a_misspelled_macro_is_named_with_the_nearest_valid_name(capsys):
 
 def test_configuration_mistakes_are_told_before_tensorflow_loads(tmp_path):
   """A new process: a misspelled macro, an unquoted string and a missing REQUIRED macro are
-  reported without importing the data layer (TensorFlow, seqio) or even jax."""
+  reported without importing the data layer (TensorFlow, seqio) or even jax; so are a
+  training run's simple values (TRAIN_STEPS, a MODEL_DIR that is a file)."""
+  (tmp_path / "f").write_text("")
   script = (
       "import sys\nfrom meshbayes import launch\n"
-      "for args in (['--gin.TRAIN_STEP=2'], ['--gin.BATCH_SIZE=big'], []):\n"
+      "for args in (['--gin.TRAIN_STEP=2'], ['--gin.BATCH_SIZE=big'], [],\n"
+      "             ['--gin.MODEL_DIR=\\'r\\'', '--gin.TRAIN_STEPS=0'],\n"
+      "             ['--gin.MODEL_DIR=\\'f/r\\'', '--gin.TRAIN_STEPS=2']):\n"
       "  try:\n"
       f"    launch.run('meshbayes.train', 'train', [{EXAMPLE!r}, *args])\n"
       "  except SystemExit as exit_:\n"
@@ -78,11 +82,13 @@ def test_configuration_mistakes_are_told_before_tensorflow_loads(tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   assert result.stdout.strip().splitlines()[-1] == "[]"
   errors = result.stderr.strip().splitlines()
-  assert len(errors) == 3, result.stderr
+  assert len(errors) == 5, result.stderr
   assert "did you mean TRAIN_STEPS?" in errors[0]
   assert "--gin.BATCH_SIZE=\"'big'\"" in errors[1]
   assert ("gin macros MODEL_DIR, TRAIN_STEPS are %gin.REQUIRED but not set; set them with "
           "--gin.MODEL_DIR=VALUE --gin.TRAIN_STEPS=VALUE") in errors[2]
+  assert "train: train_steps=0 must be a positive int" in errors[3]
+  assert f"train: MODEL_DIR f/r must be a directory, but {tmp_path / 'f'} is a file" in errors[4]
 
 
 @pytest.mark.parametrize("binding, message", [

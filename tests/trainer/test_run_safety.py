@@ -181,6 +181,23 @@ def test_sigterm_before_the_first_step_exits_at_once(tmp_path, start_training, w
   assert not list((tmp_path / "run" / "checkpoints").glob("[0-9]*"))
 
 
+def test_a_signal_at_the_end_of_a_run_is_a_clean_exit(tmp_path):
+  """SIGTERM as the last step finishes (its save, the shutdown): status 0, the run whole."""
+  model_dir = tmp_path / "run"
+  process = subprocess.Popen([sys.executable, "-m", "meshbayes.train", *train_args(model_dir, 4)],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    wait_for_line(process, " 4/4 [")
+    code, _, out, err = stop(process, signal.SIGTERM)
+  finally:
+    if process.poll() is None:
+      process.kill()
+  assert code == 0, (code, out[-2000:], err[-2000:])
+  assert "SIGTERM: received after the run's last checkpoint; the run is complete" in out
+  assert "Traceback" not in err and saved_steps(model_dir) == [4]
+  assert not (model_dir / LOCK_NAME).exists()
+
+
 @pytest.mark.slow  # trains for seconds, then resumes
 def test_sigint_saves_the_last_step_like_sigterm(tmp_path, start_training):
   model_dir = tmp_path / "run"

@@ -95,6 +95,22 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(trained, tmp_p
   assert diff.returncode == 0, diff.stdout[-2000:]
 
 
+def test_verify_of_a_damaged_manifest_is_one_answer_and_nothing_else(trained, tmp_path):
+  model_dir = tmp_path / "run"
+  shutil.copytree(trained, model_dir)
+  manifest = model_dir / "checkpoints" / "8" / "state" / "manifest.ocdbt"
+  data = bytearray(manifest.read_bytes())
+  data[len(data) // 2] ^= 0xFF
+  manifest.write_bytes(bytes(data))
+  for _ in range(3):  # the tracebacks of orbax's parallel reads came one run in two
+    result = subprocess.run([sys.executable, str(TOOLS / "inspect_checkpoint.py"), "verify",
+                             str(model_dir)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and result.stderr == "", result.stderr[-2000:]
+    assert (f"step        8  corrupt: checkpoint {model_dir / 'checkpoints' / '8'} is corrupt or "
+            "incomplete: DATA_LOSS: Error decoding local file") in result.stdout
+    assert "step        4  ok" in result.stdout
+
+
 def test_corrupt_foreign_and_interrupted_checkpoints(trained, tmp_path, capsys):
   model_dir = tmp_path / "run"
   shutil.copytree(trained, model_dir)
