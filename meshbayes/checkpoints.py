@@ -109,17 +109,20 @@ def _shapes(tree: Any) -> dict[str, tuple[tuple[int, ...], str]]:
 
 
 def check_compatible(saved: Any, target: Any, where: str) -> None:
-  """Raises a ``CheckpointError`` naming the arrays where ``saved`` and ``target`` differ."""
+  """Raises a ``CheckpointError`` naming the arrays where ``saved`` and ``target`` differ,
+  the parameters first (the optimizer state follows them)."""
   saved, target = _shapes(saved), _shapes(target)
-  problems = [f"{name} is missing" for name in sorted(target.keys() - saved.keys())]
-  problems += [f"{name} is unexpected" for name in sorted(saved.keys() - target.keys())]
-  problems += [f"{name} has shape {saved[name][0]} {saved[name][1]}, the model needs "
-               f"{target[name][0]} {target[name][1]}"
-               for name in sorted(saved.keys() & target.keys()) if saved[name] != target[name]]
+  problems = [(name, "is missing") for name in target.keys() - saved.keys()]
+  problems += [(name, "is unexpected") for name in saved.keys() - target.keys()]
+  problems += [(name, f"has shape {saved[name][0]} {saved[name][1]}, the model needs "
+                      f"{target[name][0]} {target[name][1]}")
+               for name in saved.keys() & target.keys() if saved[name] != target[name]]
   if problems:
+    problems.sort(key=lambda problem: (not problem[0].startswith("params/"), problem[0]))
     more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
     raise CheckpointError(f"checkpoint {where} does not fit this model: "
-                          f"{'; '.join(problems[:3])}{more}")
+                          f"{'; '.join(' '.join(p) for p in problems[:3])}{more}; use the "
+                          "run's own model settings (its config.gin) or a new MODEL_DIR")
 
 
 def find_step_dir(path: str | os.PathLike, step: int | None = None) -> epath.Path:
