@@ -363,6 +363,7 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
     (out_dir / "metrics.json").write_text(json.dumps(_jsonable(result), indent=2))
     print(f"evaluated step {step} on {data.task}/{split}: " + ", ".join(
         f"{k} {v:.4g}" for k, v in result.items() if isinstance(v, float)))
+    print(f"results in {out_dir} (metrics.json: every figure and its interval)", flush=True)
   writer = MetricsWriter(out_dir, out_dir / "metrics.jsonl")
   writer.write(step, {f"{split}/{name}": value for name, value in _scalars(result).items()
                       if name not in ("step", "num_samples")

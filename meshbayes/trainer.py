@@ -391,6 +391,8 @@ def _run(model_dir: epath.Path, model: BaseModel, data: TaskData, vocabulary: st
       _say(f"{signal.Signals(stop).name}: saved the checkpoint of step {step}; run again to "
            "resume")
       raise Preempted(STOP_EXIT_CODES[stop])
+  _say(f"trained to step {step}: checkpoints in {ckpts.directory}, metrics in "
+       f"{model_dir / 'metrics.jsonl'} (TensorBoard: tensorboard --logdir {model_dir})")
   return state
 
 

@@ -228,14 +228,16 @@ def test_eval_and_infer_cannot_give_wrong_answers_or_overwrite_their_input(
   # Another task with the run's vocabulary: evaluated (out of distribution) and said so;
   # the KL divisor is the run's D whatever the evaluated task's size.
   out_dir = tmp_path / "copy"
-  code, _, err = command(capsys, "evaluate", "--gin_file=runs/eval.gin", *common,
-                         "--gin.MIXTURE_OR_TASK_NAME='synthetic_copy'",
-                         "--gin.models.EncoderDecoderModel.num_train_units=7",
-                         "--gin.evaluate.decode=False", "--gin.data.TaskData.max_eval_batches=1",
-                         f"--gin.evaluate.output_dir='{out_dir}'")
+  code, out, err = command(capsys, "evaluate", "--gin_file=runs/eval.gin", *common,
+                           "--gin.MIXTURE_OR_TASK_NAME='synthetic_copy'",
+                           "--gin.models.EncoderDecoderModel.num_train_units=7",
+                           "--gin.evaluate.decode=False",
+                           "--gin.data.TaskData.max_eval_batches=1",
+                           f"--gin.evaluate.output_dir='{out_dir}'")
   assert code == 0, err[-2000:]
   assert ("note: the run {} was trained on task 'synthetic_reverse'; evaluating it on "
           "'synthetic_copy' (the same vocabulary) is out-of-distribution").format(trained) in err
+  assert out.endswith(f"results in {out_dir} (metrics.json: every figure and its interval)\n")
   metrics = json.loads((out_dir / "metrics.json").read_text())
   assert metrics["task"] == "synthetic_copy" and metrics["kl"] > 0
   assert metrics["kl_term"] == pytest.approx(metrics["kl"] / 450000, rel=1e-5)
