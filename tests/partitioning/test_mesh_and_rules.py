@@ -42,8 +42,9 @@ def test_mesh_errors(kwargs, match):
 def test_a_mesh_larger_than_the_cpu_devices_says_how_to_simulate_more():
   with pytest.raises(ValueError, match=r"^mesh data=-1 x model=4: 2 devices do not divide by 4; "
                                        r"choose sizes whose product divides 2; on CPU, simulate 4 "
-                                       r"devices with XLA_FLAGS=--xla_force_host_platform_device_"
-                                       r"count=4 set before jax is imported$"):
+                                       r"devices: --num_cpu_devices=4 on a meshbayes command line, "
+                                       r"or XLA_FLAGS=--xla_force_host_platform_device_count=4 set "
+                                       r"before jax is imported$"):
     partitioning.create_mesh(jax.devices()[:2], data=-1, model=4)
 
 

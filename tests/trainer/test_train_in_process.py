@@ -188,7 +188,10 @@ def test_a_checkpoint_without_an_input_position_resumes_by_skipping(trained, tmp
               r"the 4 batches consumed \(the checkpoint holds no input position for them\)\.\.\.",
               r"input at batch 4 after [\d.]+ s",
               r"compiling the train step \(step 5\)\.\.\.",
-              r"step 5 took [\d.]+ s \(compilation included\); training"]
+              r"step 5 took [\d.]+ s \(compilation included\); training",
+              re.escape(f"trained to step 8: checkpoints in {model_dir / 'checkpoints'}, metrics "
+                        f"in {model_dir / 'metrics.jsonl'} (TensorBoard: tensorboard --logdir "
+                        f"{model_dir})")]
   assert len(said) >= len(expected), out
   for line, pattern in zip(said[-len(expected):], expected):
     assert re.fullmatch(pattern, line), (line, pattern)
