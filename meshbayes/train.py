@@ -25,10 +25,11 @@ def main() -> None:
     if STOP_SIGNALS.received:
       print(f"{signal.Signals(STOP_SIGNALS.received).name}: received after the run's last "
             "checkpoint; the run is complete", flush=True)
-  except SystemExit as exit_:
-    status = exit_.code if isinstance(exit_.code, int) else 1
-    if not isinstance(exit_.code, (int, type(None))):
-      print(exit_.code, file=sys.stderr)
+  except SystemExit as exit_:  # as Python would exit: None is 0, a message is printed and 1
+    status = 0 if exit_.code is None else exit_.code
+    if not isinstance(status, int):
+      print(status, file=sys.stderr)
+      status = 1
   # Python restores the default signal actions while it tears itself down (seconds with
   # jax loaded): a signal then would kill the process. The exit handlers run (jax's
   # distributed shutdown among them) while ours are still in place; then leave at once.
