@@ -2,7 +2,7 @@
 
 Running the same command again resumes from the latest checkpoint in MODEL_DIR.
 SIGTERM and SIGINT are handled from the start to the exit
-(``meshbayes.launch.StopSignals``): a signal after the last step's checkpoint
+(``meshbayes.preemption``): a signal after the last step's checkpoint
 has landed ends a complete run with status 0. See ``meshbayes.launch`` for the
 flags and ``meshbayes.trainer.train`` for what gin configures.
 """
@@ -13,7 +13,8 @@ import signal
 import sys
 
 from meshbayes import host_memory
-from meshbayes.launch import STOP_SIGNALS, run
+from meshbayes.launch import run
+from meshbayes.preemption import STOP_SIGNALS
 
 
 def main() -> None:
