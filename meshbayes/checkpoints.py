@@ -55,6 +55,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from meshbayes import checkpoint_integrity
+from meshbayes.console import say
 from meshbayes.partitioning.specs import path_names
 
 STATE, META, INPUT = "state", "meta", "input"
@@ -82,12 +83,6 @@ class CorruptCheckpointError(CheckpointError):
   def __init__(self, message: str, arrays: Sequence[str] = ()):
     super().__init__(message)
     self.arrays = tuple(arrays)
-
-
-def _say(message: str) -> None:
-  """A console line, from process 0 only (every process runs the same code)."""
-  if jax.process_index() == 0:
-    print(message, flush=True)
 
 
 def _first_line(error: BaseException) -> str:
@@ -188,8 +183,8 @@ def verify(step_dir: str | os.PathLike, expected: Mapping[str, str] | None, tree
 
 
 def _note_unverified(step_dir: epath.Path) -> None:
-  _say(f"note: checkpoint {step_dir} has no checksums (saved before they were written); "
-       "its arrays are not verified")
+  say(f"note: checkpoint {step_dir} has no checksums (saved before they were written); "
+      "its arrays are not verified")
 
 
 def saved_tree(step_dir: str | os.PathLike) -> Any:
@@ -427,8 +422,8 @@ class Checkpoints:
       newest_complete = max((s for s, bad in incomplete.items() if not bad), default=-1)
       for step in (s for s, bad in incomplete.items() if bad and s < newest_complete):
         self.step_dir(step).rmtree()
-        _say(f"removed the incomplete checkpoint {self.step_dir(step)} (an interrupted "
-             "deletion)")
+        say(f"removed the incomplete checkpoint {self.step_dir(step)} (an interrupted "
+            "deletion)")
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices("meshbayes_checkpoints_remove_incomplete")
 
@@ -522,8 +517,8 @@ class Checkpoints:
         return (step, *self._restore(step, abstract_state, hint=""))
       except CorruptCheckpointError as error:
         set_aside.append(self._set_aside(step))
-        _say(f"{_first_line(error)}; set aside as {set_aside[-1]}, falling back to the "
-             "checkpoint before it")
+        say(f"{_first_line(error)}; set aside as {set_aside[-1]}, falling back to the "
+            "checkpoint before it")
     if set_aside:
       raise CorruptCheckpointError(f"every checkpoint in {self.directory} is corrupt or "
                                    f"incomplete (set aside as {', '.join(set_aside)})")

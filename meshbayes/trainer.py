@@ -24,7 +24,7 @@ What keeps a model directory trustworthy:
   restored or initialized and the step compiled, and to ``config.gin`` (what
   ``meshbayes.eval``/``infer`` read) when it saves its first checkpoint; a
   start that fails before then leaves both as they were.
-- SIGTERM and SIGINT (``meshbayes.launch.StopSignals``) save the last
+- SIGTERM and SIGINT (``meshbayes.preemption``) save the last
   completed step and exit 143 or 130; before the first new step, at once.
 
 ``model_dir`` may be local or a URI such as ``gs://bucket/run`` (``etils.epath``).
@@ -50,14 +50,15 @@ from jax.sharding import NamedSharding
 
 from meshbayes import checkpoints as checkpoints_lib
 from meshbayes.atomic_files import write_text_atomically
+from meshbayes.console import say as _say  # private: not part of the trainer's interface
 from meshbayes.data.pipeline import TaskData, vocabulary_fingerprint
 from meshbayes.evaluation import teacher_forced_metrics
 from meshbayes.host_input import HostBatches, HostInput
-from meshbayes.launch import STOP_EXIT_CODES, STOP_SIGNALS
 from meshbayes.layers import moped_params
 from meshbayes.metrics_writer import MetricsWriter, ProgressBar
 from meshbayes.optimizers import IVON_META, KLWeight, Optimizer
 from meshbayes.posterior_diagnostics import median_stddevs
+from meshbayes.preemption import STOP_EXIT_CODES, STOP_SIGNALS
 from meshbayes.run_lock import RunLock
 from meshbayes.train_step import (
   STATE_IS_FINITE,
@@ -92,12 +93,6 @@ def _deterministic_twin(abstract_params: Any) -> Any:
   return traverse_util.unflatten_dict({
       k[:-1] + (k[-1][:-len("_loc")],) if k[-1].endswith("_loc") else k: v
       for k, v in flat.items()})
-
-
-def _say(message: str) -> None:
-  """A console line, from process 0 only (every process runs the same loop)."""
-  if jax.process_index() == 0:
-    print(message, flush=True)
 
 
 def _make_model_dir(path: str | os.PathLike) -> epath.Path:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from etils import epath
 
+from meshbayes.console import say
 from meshbayes.data import paths
 
 if TYPE_CHECKING:  # imported when used: TensorFlow and seqio take seconds (see backend)
@@ -201,14 +202,6 @@ def _first_line(error: BaseException) -> str:
   return text.splitlines()[0][:300] if text else type(error).__name__
 
 
-def _say(message: str) -> None:
-  """A console line, from process 0 only (every process counts the same split)."""
-  import jax  # pylint: disable=import-outside-toplevel
-
-  if jax.process_index() == 0:
-    print(message, flush=True)
-
-
 def vocabulary_fingerprint(vocabulary: seqio.Vocabulary) -> str:
   """The SentencePiece model's hash (a model retrained at the same size differs)."""
   if isinstance(vocabulary, _seqio().SentencePieceVocabulary):
@@ -274,11 +267,11 @@ def _count(task: str, lengths: tuple[tuple[str, int], ...], unit: str, split: st
   cache = paths.data_dir() / "cache" / "train_set_size.json"
   known = _read_cache(cache) if key else {}
   if key in known:
-    _say(f"{task}/{split}: {int(known[key]):,} {what} (the KL's divisor), from {cache} "
-         f"[{key}]")
+    say(f"{task}/{split}: {int(known[key]):,} {what} (the KL's divisor), from {cache} "
+        f"[{key}]")
     return int(known[key])
   then = "; cached afterwards" if key else ""
-  _say(f"counting the {what} of {task}/{split} (the KL's divisor{then})...")
+  say(f"counting the {what} of {task}/{split} (the KL's divisor{then})...")
   start = time.perf_counter()
   ds = get_task(task).get_dataset(sequence_length=dict(lengths), split=split, shuffle=False,
                                   use_cached=False)
@@ -299,8 +292,8 @@ def _count(task: str, lengths: tuple[tuple[str, int], ...], unit: str, split: st
       partial.replace(cache)
     except OSError as error:  # a read-only data directory only loses the cache
       where = f"not cached ({_first_line(error)})"
-  _say(f"{task}/{split}: {count:,} {what} (the KL's divisor), counted in {seconds:.1f} s; "
-       f"{where}")
+  say(f"{task}/{split}: {count:,} {what} (the KL's divisor), counted in {seconds:.1f} s; "
+      f"{where}")
   return count
 
 
