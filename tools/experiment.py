@@ -45,82 +45,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from meshbayes import host_memory
-from meshbayes.posterior_diagnostics import MEDIAN_PREFIX, relative_change
-
-METHODS = ("deterministic", "mc_dropout", "ensemble", "bayesian", "ivon")
-# The training recipe each method evaluates: (gin file, seed).
-RECIPES = {"deterministic": "uncertainty/deterministic.gin",
-           "bayesian": "uncertainty/bayesian.gin", "ivon": "uncertainty/ivon.gin"}
-CHECKPOINTS = ("final", "best")
-
-
-@dataclasses.dataclass(frozen=True)
-class Budget:
-  """One size of the experiment.
-
-  Attributes:
-    train_steps: steps of every training run.
-    eval_period: steps between the trainer's validation passes, each with a
-      checkpoint (the candidates for the best checkpoint).
-    ensemble_size: members of the deep ensemble (the deterministic run is one).
-    num_samples: posterior samples (weight samples, dropout masks) per prediction.
-    eval_batches: test batches of 64 pairs evaluated (and validation batches the
-      temperature is fitted on).
-    ood_examples: inputs per out-of-distribution set (and in-domain sources).
-    methods: the methods compared.
-    best_checkpoint: also evaluate each method at its best validation checkpoint.
-    bindings: gin bindings added to every training and evaluation command.
-    task_gin: the task file evaluations read (training reads its recipe's).
-    decode_method: how the test split is decoded (``beam`` or ``greedy``; OOD
-      inputs are decoded greedily).
-    seeds: training seeds of the Bayesian layers and of IVON (runs ``<method>``,
-      ``<method>_seed1``, ...); the deterministic model's seed spread comes from
-      the ensemble's members.
-    bootstrap_resamples: resamples of every interval (evaluations and report).
-  """
-
-  train_steps: int
-  eval_period: int
-  ensemble_size: int = 4
-  num_samples: int = 4
-  eval_batches: int = 16
-  ood_examples: int = 512
-  methods: tuple[str, ...] = METHODS
-  best_checkpoint: bool = True
-  bindings: tuple[str, ...] = ()
-  task_gin: str = "tasks/tatoeba_enfr_20k.gin"
-  decode_method: str = "beam"
-  seeds: int = 3
-  bootstrap_resamples: int = 1000
-
-  def __post_init__(self):
-    for name in ("train_steps", "eval_period", "num_samples", "eval_batches", "ood_examples",
-                 "seeds", "bootstrap_resamples"):
-      if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-        raise ValueError(f"Budget: {name}={getattr(self, name)!r} must be a positive int")
-    unknown = [m for m in self.methods if m not in METHODS]
-    if unknown or not self.methods:
-      raise ValueError(f"Budget: methods={self.methods!r}: each must be one of "
-                       f"{', '.join(METHODS)}")
-    if self.decode_method not in ("beam", "greedy"):
-      raise ValueError(f"Budget: decode_method={self.decode_method!r} must be beam or greedy")
-    if "ensemble" in self.methods and not self.ensemble_size >= 2:
-      raise ValueError(f"Budget: ensemble_size={self.ensemble_size!r} must be at least 2")
-
-  @property
-  def runs(self) -> dict[str, tuple[str, int]]:
-    """Training runs: name -> (gin file, seed)."""
-    runs = {}
-    if {"deterministic", "mc_dropout", "ensemble"} & set(self.methods):
-      runs["deterministic"] = (RECIPES["deterministic"], 0)
-    if "ensemble" in self.methods:
-      runs.update({f"deterministic_seed{k}": (RECIPES["deterministic"], k)
-                   for k in range(1, self.ensemble_size)})
-    for method in ("bayesian", "ivon"):
-      if method in self.methods:
-        runs[method] = (RECIPES[method], 0)
-        runs.update({f"{method}_seed{k}": (RECIPES[method], k) for k in range(1, self.seeds)})
-    return runs
+from meshbayes.tools.experiment_plan import (METHODS, RECIPES, Budget, best_step, convergence,
+                                             evaluations, read_json, result_dirs,
+                                             validation_curve, write_json)
 
 
 PRESETS = {
@@ -245,60 +172,6 @@ def _copy_output(stream: Any, log: Path, name: str) -> None:
         print(f"[{name}] {line.rstrip()}", flush=True)
 
 
-def _json(path: Path) -> dict[str, Any]:
-  return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def _write_json(path: Path, value: Any) -> None:
-  temporary = path.with_suffix(".tmp")
-  temporary.write_text(json.dumps(value, indent=2))
-  temporary.replace(path)
-
-
-def _evaluations(run_dir: Path) -> list[dict[str, Any]]:
-  """The trainer's periodic validation passes of a run (``eval/metrics.jsonl``), by step."""
-  path = run_dir / "eval" / "metrics.jsonl"
-  rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-  return sorted((r for r in rows if "nll" in r), key=lambda r: int(r["step"]))
-
-
-def validation_curve(run_dir: Path) -> list[tuple[int, float]]:
-  """``(step, validation NLL)`` of the trainer's periodic evaluations, by step."""
-  return [(int(r["step"]), float(r["nll"])) for r in _evaluations(run_dir)]
-
-
-def convergence(run_dir: Path) -> dict[str, Any]:
-  """The last periodic evaluation of a run with a posterior: its step, validation NLL and
-  plug-in negative ELBO (the posterior mean's NLL plus KL / training tokens), and per layer
-  group the median posterior stddev and its relative change over the last tenth of the
-  run (``meshbayes.posterior_diagnostics``). Empty without evaluations or stddevs."""
-  rows = _evaluations(run_dir)
-  groups = sorted({k for r in rows for k in r if k.startswith(MEDIAN_PREFIX)})
-  if len(rows) < 2 or not groups:
-    return {}
-  last = rows[-1]
-  result = {"step": int(last["step"]), "nll": last["nll"],
-            "neg_elbo": last.get("plugin_neg_elbo", last["nll"]), "groups": {}}
-  for group in groups:
-    start, _, change = relative_change([(r["step"], r[group]) for r in rows if group in r])
-    result["groups"][group[len(MEDIAN_PREFIX):]] = {"median": last[group], "change": change,
-                                                    "from_step": start}
-  return result
-
-
-def best_step(run_dir: Path) -> int:
-  """The step of the lowest validation NLL (the earliest among ties)."""
-  curve = validation_curve(run_dir)
-  if not curve:
-    raise ValueError(f"{run_dir} has no periodic validation (train.eval_period) to choose from")
-  return min(curve, key=lambda point: (point[1], point[0]))[0]
-
-
-def _final_step(run_dir: Path) -> int:
-  steps = [int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()]
-  return max(steps)
-
-
 class Experiment:
   """The runs and evaluations of one budget under ``out``."""
 
@@ -317,10 +190,10 @@ class Experiment:
     names = list(commands)
 
     def record(index: int, cost: dict[str, float]) -> None:
-      costs = _json(self.costs_path)
+      costs = read_json(self.costs_path)
       previous = costs.get(names[index], {})
       costs[names[index]] = {k: previous.get(k, 0.0) + v for k, v in cost.items()}
-      _write_json(self.costs_path, costs)
+      write_json(self.costs_path, costs)
 
     self.run.all([(entry_point, args, self.out / "logs" / f"{name.replace(' ', '_')}.log")
                   for name, (entry_point, args) in commands.items()], record)
@@ -364,14 +237,14 @@ class Experiment:
     shutil.copytree(run_dir, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns(
         "RUN_LOCK", "eval_validation"))
     # A grid's run is OUT/tuning/<method>/<value>; its time is in OUT/costs.json.
-    tuning_costs = _json(run_dir.parents[2] / "costs.json") if len(run_dir.parents) > 2 else {}
+    tuning_costs = read_json(run_dir.parents[2] / "costs.json") if len(run_dir.parents) > 2 else {}
     grid_name = f"tune {run_dir.parent.name} "
     spent = [cost for key, cost in tuning_costs.items()
              if key.startswith(grid_name) and key.endswith(f"={run_dir.name}")]
     if spent:
-      costs = _json(self.costs_path)
+      costs = read_json(self.costs_path)
       costs[name] = spent[0]
-      _write_json(self.costs_path, costs)
+      write_json(self.costs_path, costs)
     print(f"experiment: run {name} is {run_dir} (copied)", flush=True)
 
   def train(self) -> None:
@@ -381,44 +254,11 @@ class Experiment:
         for name, (gin_file, seed) in self.budget.runs.items()
         if not self._finished(self.out / "runs" / name)})
 
-  def evaluations(self) -> dict[str, dict[str, Any]]:
-    """``{'<method>@<checkpoint>': {'run': ..., 'step': ..., 'extra': [...]}}`` of every
-    evaluation, and ``'<run>@final'`` for each run of another seed."""
-    budget, runs = self.budget, self.out / "runs"
-    found = {}
-    for checkpoint in CHECKPOINTS[:2 if budget.best_checkpoint else 1]:
-      step = lambda run: (best_step(runs / run) if checkpoint == "best"
-                          else _final_step(runs / run))
-      for method in budget.methods:
-        run = method if method in ("bayesian", "ivon") else "deterministic"
-        extra = {"deterministic": ["evaluate.temperature_scaling=True"],
-                 "mc_dropout": ["evaluate.mc_dropout=True"],
-                 "ensemble": ["evaluate.ensemble_dirs=[{}]".format(", ".join(
-                     f"'{runs / name / 'checkpoints' / str(step(name))}'"
-                     for name in budget.runs if name.startswith("deterministic_seed")))]
-                 }.get(method, [])
-        found[f"{method}@{checkpoint}"] = {"run": run, "step": step(run), "extra": extra}
-    # Every other seed at the end of the budget, as itself: the seed spread of the
-    # deterministic model (the ensemble's members), the Bayesian layers and IVON.
-    for run in budget.runs:
-      if "_seed" in run:
-        found[f"{run}@final"] = {"run": run, "step": _final_step(runs / run), "extra": []}
-    return found
-
-  def result_dirs(self) -> dict[str, Path]:
-    """Each evaluation's result directory; a best checkpoint that is the final one shares
-    the final's (it is evaluated once)."""
-    results, evaluated = {}, {}
-    for key, spec in self.evaluations().items():
-      same = (spec["run"], spec["step"], tuple(spec["extra"]))
-      results[key] = evaluated.setdefault(same, self.out / "eval" / key.replace("@", "_"))
-    return results
-
   def evaluate(self) -> dict[str, Path]:
     """Evaluates every method at each checkpoint (each result directory once); returns
-    ``result_dirs()``."""
-    budget, results, commands = self.budget, self.result_dirs(), {}
-    for key, spec in self.evaluations().items():
+    each evaluation's result directory (``experiment_plan.result_dirs``)."""
+    budget, results, commands = self.budget, result_dirs(self.budget, self.out), {}
+    for key, spec in evaluations(self.budget, self.out).items():
       result_dir = results[key]
       if result_dir.name == key.replace("@", "_") and not (result_dir / "metrics.json").is_file():
         commands[f"eval {key}"] = ("eval", self._eval_args(
@@ -449,7 +289,7 @@ class Experiment:
         "evaluate.decode=False", "data.TaskData.max_eval_batches=None"))
         for value, run_dir in run_dirs.items()
         if not (run_dir / "eval_validation" / "metrics.json").is_file()})
-    costs = _json(self.costs_path)
+    costs = read_json(self.costs_path)
     rows = ["| " + binding + " | validation NLL | validation token ECE (%) | "
             "best step (posterior-mean NLL) | posterior-mean NLL + KL/D | largest change of a "
             "median stddev, last tenth | CPU minutes |", "|---|---|---|---|---|---|---|"]
@@ -510,8 +350,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   except ValueError as error:
     parser.error(str(error))
   experiment = Experiment(budget, args.out, runner, args.binding)
-  _write_json(args.out / "budget.json", {"preset": args.preset, **dataclasses.asdict(budget),
-                                         "bindings": experiment.bindings})
+  write_json(args.out / "budget.json", {"preset": args.preset, **dataclasses.asdict(budget),
+                                        "bindings": experiment.bindings})
   try:
     if args.tune:
       if not args.grid or "=" not in args.grid:

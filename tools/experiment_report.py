@@ -23,8 +23,9 @@ import numpy as np
 
 from meshbayes import checkpoints, metrics
 from meshbayes.tools import compare_runs, experiment_tables, inspect_checkpoint
-from meshbayes.tools.experiment import (CHECKPOINTS, Budget, _json, _write_json, best_step,
-                                        convergence, validation_curve)
+from meshbayes.tools.experiment_plan import (CHECKPOINTS, Budget, best_step, convergence,
+                                             read_json, result_dirs, validation_curve,
+                                             write_json)
 
 # Column names of each method's evaluated predictives (others are left out: MC dropout's
 # and the ensemble's "posterior mean" would be the deterministic model again).
@@ -238,7 +239,7 @@ def write(out: Path, budget: Budget, results: Mapping[str, Path]) -> Path:
   """Writes the report of an experiment under ``out``; returns ``report.md``'s path."""
   runs, figures = out / "runs", out / "figures"
   figures.mkdir(exist_ok=True)
-  costs = _json(out / "costs.json")
+  costs = read_json(out / "costs.json")
   sections = [f"# The uncertainty experiment ({budget.train_steps} steps per run)", "",
               "Every cell: the figure on the test sources and its 95% bootstrap interval "
               f"({budget.bootstrap_resamples:,} resamples of the sources; OOD: of the in- and "
@@ -305,7 +306,7 @@ def write(out: Path, budget: Budget, results: Mapping[str, Path]) -> Path:
                  "run; a posterior still moving there is not the ELBO's optimum.", "",
                  table, ""]
   summary["costs"] = costs
-  _write_json(out / "report.json", summary)
+  write_json(out / "report.json", summary)
   report = out / "report.md"
   report.write_text("\n".join(sections))
   return report
@@ -315,16 +316,13 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("out", type=Path, help="the experiment's directory")
   args = parser.parse_args(argv)
-  from meshbayes.tools import experiment
-
-  budget_json = _json(args.out / "budget.json")
+  budget_json = read_json(args.out / "budget.json")
   if not budget_json:
     parser.error(f"{args.out} holds no experiment (no budget.json)")
   budget_json.pop("preset")
   budget_json.pop("bindings")
   budget = Budget(**{k: tuple(v) if isinstance(v, list) else v for k, v in budget_json.items()})
-  results = experiment.Experiment(budget, args.out, experiment.Runner()).result_dirs()
-  print(write(args.out, budget, results).read_text())
+  print(write(args.out, budget, result_dirs(budget, args.out)).read_text())
   return 0
 
 

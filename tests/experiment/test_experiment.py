@@ -8,7 +8,7 @@ import re
 import pytest
 
 from meshbayes.data import tatoeba, technical_english
-from meshbayes.tools import experiment, experiment_report, train_vocab
+from meshbayes.tools import experiment, experiment_plan, experiment_report, train_vocab
 from tests.data import corpus
 
 COLUMNS = ("deterministic", "temperature-scaled (T=", "MC dropout", "deep ensemble",
@@ -33,7 +33,7 @@ def _rising_at_the_end(patch, out, runs):
   """Makes the validation NLL of ``runs`` of the experiment in ``out`` rise at their last
   step, so that their best checkpoint is an earlier one (toy runs improve to the end) and
   is evaluated on its own."""
-  measured = experiment.validation_curve
+  measured = experiment_plan.validation_curve
 
   def curve(run_dir):
     points = measured(run_dir)
@@ -41,7 +41,7 @@ def _rising_at_the_end(patch, out, runs):
       points[-1] = (points[-1][0], max(nll for _, nll in points) + 1.0)
     return points
 
-  patch.setattr(experiment, "validation_curve", curve)
+  patch.setattr(experiment_plan, "validation_curve", curve)
 
 
 def _run_toy(data_dir, out, *extra):
@@ -100,7 +100,7 @@ def test_two_methods_end_to_end_at_both_checkpoints_and_resumed(data_dir, tmp_pa
   summary = json.loads((out / "report.json").read_text())
   assert summary["seeds"]["Bayesian layers (S=4)"]["bleu"][1] >= 0
   for run in ("deterministic", "bayesian", "bayesian_seed1"):
-    curve = experiment.validation_curve(out / "runs" / run)
+    curve = experiment_plan.validation_curve(out / "runs" / run)
     assert summary["best_steps"][run] == min(curve, key=lambda p: p[1])[0]
   assert set(summary["posterior"]["bayesian"]) == {"self_attention", "cross_attention", "mlp"}
   # Convergence: each group's median stddev from the trainer's evaluations (steps 2 and 4).
@@ -146,7 +146,7 @@ def test_the_best_checkpoint_is_the_lowest_validation_nll(toy):
   out, _ = toy
   summary = json.loads((out / "report.json").read_text())
   for run in ("deterministic", "deterministic_seed1", "bayesian", "ivon"):
-    curve = experiment.validation_curve(out / "runs" / run)
+    curve = experiment_plan.validation_curve(out / "runs" / run)
     assert [step for step, _ in curve] == [2, 4]
     assert summary["best_steps"][run] == min(curve, key=lambda p: p[1])[0]
   # Each ensemble member at its own best step; the evaluation is at the run's best step.
@@ -189,8 +189,8 @@ def test_reuse_copies_a_finished_run_of_the_same_seed_with_its_time(tmp_path):
   cost = {"wall_seconds": 2.0, "cpu_seconds": 3.0}
   (tmp_path / "tuning" / "costs.json").write_text(json.dumps(
       {"tune deterministic models.TransformerConfig.dropout_rate=0.1": cost}))
-  budget = experiment.Budget(train_steps=4, eval_period=2, ensemble_size=2,
-                             methods=("deterministic", "ensemble"))
+  budget = experiment_plan.Budget(train_steps=4, eval_period=2, ensemble_size=2,
+                                  methods=("deterministic", "ensemble"))
   run = experiment.Experiment(budget, tmp_path / "out", experiment.Runner(in_process=True))
   (tmp_path / "out").mkdir()
   run.reuse("deterministic", chosen)
@@ -220,8 +220,8 @@ def test_a_tuned_run_is_reused_as_the_experiments_run_not_trained_again(data_dir
                     f"--reuse=deterministic={chosen}")
   printed = capsys.readouterr().out
   assert "experiment: train" not in printed and "experiment: eval" in printed
-  assert experiment.validation_curve(out / "runs" / "deterministic") == \
-      experiment.validation_curve(chosen)
+  assert experiment_plan.validation_curve(out / "runs" / "deterministic") == \
+      experiment_plan.validation_curve(chosen)
   tuned_cost = json.loads((tuning / "costs.json").read_text())[
       "tune deterministic models.TransformerConfig.dropout_rate=0.1"]
   assert json.loads((out / "costs.json").read_text())["deterministic"] == tuned_cost
@@ -251,7 +251,7 @@ def test_a_best_checkpoint_that_is_the_final_one_is_evaluated_once(tmp_path, cur
       return []
 
   runner = Recorder()
-  budget = experiment.Budget(train_steps=4, eval_period=2, methods=("deterministic",))
+  budget = experiment_plan.Budget(train_steps=4, eval_period=2, methods=("deterministic",))
   results = experiment.Experiment(budget, tmp_path, runner).evaluate()
   assert runner.names == evaluated
   assert (results["deterministic@best"] == results["deterministic@final"]) == (len(evaluated) == 1)
@@ -262,9 +262,9 @@ def test_best_step_reads_the_trainers_validation_log(tmp_path):
   rows = [{"step": 100, "nll": 3.0}, {"step": 200, "nll": 2.5}, {"step": 300, "nll": 2.5},
           {"step": 400, "nll": 2.7}]
   (tmp_path / "eval" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-  assert experiment.best_step(tmp_path) == 200  # the earliest of ties
+  assert experiment_plan.best_step(tmp_path) == 200  # the earliest of ties
   with pytest.raises(ValueError, match="no periodic validation"):
-    experiment.best_step(tmp_path / "missing")
+    experiment_plan.best_step(tmp_path / "missing")
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -274,7 +274,7 @@ def test_best_step_reads_the_trainers_validation_log(tmp_path):
 ])
 def test_bad_budgets_are_one_line_errors(changes, message):
   with pytest.raises(ValueError, match=message):
-    experiment.Budget(**{"train_steps": 10, "eval_period": 5, **changes})
+    experiment_plan.Budget(**{"train_steps": 10, "eval_period": 5, **changes})
 
 
 def test_layer_kinds_of_the_transformers_weights():

@@ -1,0 +1,202 @@
+"""What an uncertainty experiment (``tools/experiment.py``) trains and evaluates, and what
+its runs wrote: the shared ground of the experiment and its report.
+
+- ``Budget``: the size of an experiment (steps, seeds, methods, evaluations) and the
+  training runs it implies;
+- ``evaluations`` and ``result_dirs``: which checkpoint of which run each method is
+  evaluated at (the end of the budget, or the best validation checkpoint) and where its
+  results go under ``OUT/eval/``;
+- a run's trainer records read back: its validation curve, best and final steps, and
+  the posterior's convergence; and the experiment's own JSON files (``costs.json``,
+  ``budget.json``, ``report.json``).
+
+Directory layout under ``OUT``: ``runs/<run>/`` (each training run), ``eval/<method>_
+<checkpoint>/`` (each evaluation), ``logs/``, ``costs.json``, ``budget.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from meshbayes.posterior_diagnostics import MEDIAN_PREFIX, relative_change
+
+METHODS = ("deterministic", "mc_dropout", "ensemble", "bayesian", "ivon")
+# The gin file of each training recipe the methods evaluate (MC dropout and the ensemble
+# evaluate the deterministic runs).
+RECIPES = {"deterministic": "uncertainty/deterministic.gin",
+           "bayesian": "uncertainty/bayesian.gin", "ivon": "uncertainty/ivon.gin"}
+CHECKPOINTS = ("final", "best")
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+  """One size of the experiment.
+
+  Attributes:
+    train_steps: steps of every training run.
+    eval_period: steps between the trainer's validation passes, each with a
+      checkpoint (the candidates for the best checkpoint).
+    ensemble_size: members of the deep ensemble (the deterministic run is one).
+    num_samples: posterior samples (weight samples, dropout masks) per prediction.
+    eval_batches: test batches of 64 pairs evaluated (and validation batches the
+      temperature is fitted on).
+    ood_examples: inputs per out-of-distribution set (and in-domain sources).
+    methods: the methods compared.
+    best_checkpoint: also evaluate each method at its best validation checkpoint.
+    bindings: gin bindings added to every training and evaluation command.
+    task_gin: the task file evaluations read (training reads its recipe's).
+    decode_method: how the test split is decoded (``beam`` or ``greedy``; OOD
+      inputs are decoded greedily).
+    seeds: training seeds of the Bayesian layers and of IVON (runs ``<method>``,
+      ``<method>_seed1``, ...); the deterministic model's seed spread comes from
+      the ensemble's members.
+    bootstrap_resamples: resamples of every interval (evaluations and report).
+  """
+
+  train_steps: int
+  eval_period: int
+  ensemble_size: int = 4
+  num_samples: int = 4
+  eval_batches: int = 16
+  ood_examples: int = 512
+  methods: tuple[str, ...] = METHODS
+  best_checkpoint: bool = True
+  bindings: tuple[str, ...] = ()
+  task_gin: str = "tasks/tatoeba_enfr_20k.gin"
+  decode_method: str = "beam"
+  seeds: int = 3
+  bootstrap_resamples: int = 1000
+
+  def __post_init__(self):
+    for name in ("train_steps", "eval_period", "num_samples", "eval_batches", "ood_examples",
+                 "seeds", "bootstrap_resamples"):
+      if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+        raise ValueError(f"Budget: {name}={getattr(self, name)!r} must be a positive int")
+    unknown = [m for m in self.methods if m not in METHODS]
+    if unknown or not self.methods:
+      raise ValueError(f"Budget: methods={self.methods!r}: each must be one of "
+                       f"{', '.join(METHODS)}")
+    if self.decode_method not in ("beam", "greedy"):
+      raise ValueError(f"Budget: decode_method={self.decode_method!r} must be beam or greedy")
+    if "ensemble" in self.methods and not self.ensemble_size >= 2:
+      raise ValueError(f"Budget: ensemble_size={self.ensemble_size!r} must be at least 2")
+
+  @property
+  def runs(self) -> dict[str, tuple[str, int]]:
+    """Training runs: name -> (gin file, seed)."""
+    runs = {}
+    if {"deterministic", "mc_dropout", "ensemble"} & set(self.methods):
+      runs["deterministic"] = (RECIPES["deterministic"], 0)
+    if "ensemble" in self.methods:
+      runs.update({f"deterministic_seed{k}": (RECIPES["deterministic"], k)
+                   for k in range(1, self.ensemble_size)})
+    for method in ("bayesian", "ivon"):
+      if method in self.methods:
+        runs[method] = (RECIPES[method], 0)
+        runs.update({f"{method}_seed{k}": (RECIPES[method], k) for k in range(1, self.seeds)})
+    return runs
+
+
+# The experiment's JSON files.
+
+
+def read_json(path: Path) -> dict[str, Any]:
+  """The JSON object in ``path``; empty when there is no such file (not written yet)."""
+  return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def write_json(path: Path, value: Any) -> None:
+  """Writes ``value`` to ``path`` whole or not at all (a reader never sees half of it)."""
+  temporary = path.with_suffix(".tmp")
+  temporary.write_text(json.dumps(value, indent=2))
+  temporary.replace(path)
+
+
+# A run's trainer records.
+
+
+def _evaluations(run_dir: Path) -> list[dict[str, Any]]:
+  """The trainer's periodic validation passes of a run (``eval/metrics.jsonl``), by step."""
+  path = run_dir / "eval" / "metrics.jsonl"
+  rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+  return sorted((r for r in rows if "nll" in r), key=lambda r: int(r["step"]))
+
+
+def validation_curve(run_dir: Path) -> list[tuple[int, float]]:
+  """``(step, validation NLL)`` of the trainer's periodic evaluations, by step."""
+  return [(int(r["step"]), float(r["nll"])) for r in _evaluations(run_dir)]
+
+
+def convergence(run_dir: Path) -> dict[str, Any]:
+  """The last periodic evaluation of a run with a posterior: its step, validation NLL and
+  plug-in negative ELBO (the posterior mean's NLL plus KL / training tokens), and per layer
+  group the median posterior stddev and its relative change over the last tenth of the
+  run (``meshbayes.posterior_diagnostics``). Empty without evaluations or stddevs."""
+  rows = _evaluations(run_dir)
+  groups = sorted({k for r in rows for k in r if k.startswith(MEDIAN_PREFIX)})
+  if len(rows) < 2 or not groups:
+    return {}
+  last = rows[-1]
+  result = {"step": int(last["step"]), "nll": last["nll"],
+            "neg_elbo": last.get("plugin_neg_elbo", last["nll"]), "groups": {}}
+  for group in groups:
+    start, _, change = relative_change([(r["step"], r[group]) for r in rows if group in r])
+    result["groups"][group[len(MEDIAN_PREFIX):]] = {"median": last[group], "change": change,
+                                                    "from_step": start}
+  return result
+
+
+def best_step(run_dir: Path) -> int:
+  """The step of the lowest validation NLL (the earliest among ties)."""
+  curve = validation_curve(run_dir)
+  if not curve:
+    raise ValueError(f"{run_dir} has no periodic validation (train.eval_period) to choose from")
+  return min(curve, key=lambda point: (point[1], point[0]))[0]
+
+
+def final_step(run_dir: Path) -> int:
+  """The step of a run's last checkpoint."""
+  steps = [int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()]
+  return max(steps)
+
+
+# The evaluations of an experiment.
+
+
+def evaluations(budget: Budget, out: Path) -> dict[str, dict[str, Any]]:
+  """``{'<method>@<checkpoint>': {'run': ..., 'step': ..., 'extra': [...]}}`` of every
+  evaluation of the experiment in ``out`` (its runs trained), and ``'<run>@final'`` for
+  each run of another seed; ``extra`` are the evaluation's own gin bindings."""
+  runs = out / "runs"
+  found = {}
+  for checkpoint in CHECKPOINTS[:2 if budget.best_checkpoint else 1]:
+    step = lambda run: (best_step(runs / run) if checkpoint == "best"
+                        else final_step(runs / run))
+    for method in budget.methods:
+      run = method if method in ("bayesian", "ivon") else "deterministic"
+      extra = {"deterministic": ["evaluate.temperature_scaling=True"],
+               "mc_dropout": ["evaluate.mc_dropout=True"],
+               "ensemble": ["evaluate.ensemble_dirs=[{}]".format(", ".join(
+                   f"'{runs / name / 'checkpoints' / str(step(name))}'"
+                   for name in budget.runs if name.startswith("deterministic_seed")))]
+               }.get(method, [])
+      found[f"{method}@{checkpoint}"] = {"run": run, "step": step(run), "extra": extra}
+  # Every other seed at the end of the budget, as itself: the seed spread of the
+  # deterministic model (the ensemble's members), the Bayesian layers and IVON.
+  for run in budget.runs:
+    if "_seed" in run:
+      found[f"{run}@final"] = {"run": run, "step": final_step(runs / run), "extra": []}
+  return found
+
+
+def result_dirs(budget: Budget, out: Path) -> dict[str, Path]:
+  """Each evaluation's result directory; a best checkpoint that is the final one shares
+  the final's (it is evaluated once)."""
+  results, evaluated = {}, {}
+  for key, spec in evaluations(budget, out).items():
+    same = (spec["run"], spec["step"], tuple(spec["extra"]))
+    results[key] = evaluated.setdefault(same, out / "eval" / key.replace("@", "_"))
+  return results
