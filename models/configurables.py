@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import gin
 
 from meshbayes.gin_configs import DIRECTORY as GIN_CONFIGS
+from meshbayes.gin_preflight import quiet_search_misses
 from meshbayes.models.encoder_decoder import EncoderDecoderModel
 from meshbayes.models.transformer import Estimators, TransformerConfig
 
@@ -44,7 +45,10 @@ def preset_config(name: str, deterministic: bool = False, bindings: Sequence[str
   gin.clear_config()
   gin.add_config_file_search_path(str(GIN_CONFIGS))
   try:
-    gin.parse_config_files_and_bindings([str(f) for f in files], list(bindings))
+    # The presets' includes (`models/transformer.gin`) are searched for on every search
+    # path, the working directory first: gin logs an error for each one that lacks them.
+    with quiet_search_misses():
+      gin.parse_config_files_and_bindings([str(f) for f in files], list(bindings))
     return gin.get_configurable("models.TransformerConfig")()
   finally:
     gin.clear_config()

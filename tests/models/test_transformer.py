@@ -1,6 +1,8 @@
 """The Transformer's parameters: Bayesian versus deterministic, and every preset's size."""
 
 import math
+import subprocess
+import sys
 
 import flax.linen as nn
 import jax
@@ -200,3 +202,26 @@ def test_model_sizes_tool(capsys):
   (row,) = tool.main(["--presets=paper"])
   assert row["deterministic"] == closed_form_counts(preset_config("paper"))[0]
   assert "2,851,381,248" in capsys.readouterr().out
+
+
+# The presets' `include 'models/transformer.gin'` is searched for in the working directory
+# first; from a directory other than the repository's, gin's package-path reader used to log
+# `ERROR:root:Path not found: models/transformer.gin` although the preset loaded.
+_PRESET_FROM_ELSEWHERE = """
+import logging
+logging.basicConfig(level=logging.WARNING)
+from meshbayes.scaling.aot import StepSpec
+config = StepSpec(model="tiny", deterministic=True).config()
+print(config.emb_dim, config.estimators.mlp, config.estimators.attention)
+"""
+
+
+@pytest.mark.integration
+def test_a_preset_loads_from_another_directory_without_false_errors(tmp_path):
+  result = subprocess.run([sys.executable, "-c", _PRESET_FROM_ELSEWHERE], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  # tiny.gin's size, and deterministic.gin's estimators: applied only through the
+  # @models.Estimators() that the included transformer.gin binds.
+  assert result.stdout.split() == ["32", "deterministic", "deterministic"]
+  assert "Path not found" not in result.stderr, result.stderr[-2000:]
