@@ -15,6 +15,8 @@ from meshbayes import distributed, launch, partitioning
 from meshbayes.tools import inspect_partitioning
 from tests.trainer.runs import EXAMPLES, ROOT, train_args
 
+pytestmark = pytest.mark.integration
+
 EXAMPLE = f"--gin_file={EXAMPLES / 'tiny_synthetic_bayesian.gin'}"
 LOGGED = re.compile(r" \(traceback in (\S+\.log)\)$")
 

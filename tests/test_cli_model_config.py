@@ -8,6 +8,8 @@ import pytest
 from meshbayes import gin_preflight, launch
 from tests.trainer.runs import train_args
 
+pytestmark = pytest.mark.integration
+
 # What eval needs besides the run: no model preset (models/*.gin).
 EVAL_ARGS = ["--gin_file=runs/eval.gin", "--gin_file=tasks/synthetic.gin", "--gin.BATCH_SIZE=8",
              "--gin.models.EncoderDecoderModel.num_train_units=450000",

@@ -2,7 +2,11 @@
 
 import json
 
+import pytest
+
 from meshbayes.tools import compare_runs
+
+pytestmark = pytest.mark.integration
 
 BINS = {"bin_confidence": [0.1, None], "bin_accuracy": [0.2, None], "bin_count": [3.0, 0.0]}
 

@@ -74,6 +74,7 @@ def _run(environ):
   return json.loads(out.splitlines()[-1])
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(host_memory.transparent_huge_page_mode() != "madvise"
                     or host_memory.malloc_tunables({}, "madvise", platform.libc_ver()) is None,
                     reason="needs glibc 2.35 or later and transparent huge pages on madvise")
@@ -90,6 +91,7 @@ def test_programs_executed_again_fault_their_buffers_in_huge_pages_or_reuse_them
   assert reuse["faults"] < 100, reuse
 
 
+@pytest.mark.integration
 def test_a_program_given_an_unknown_setting_stops_with_one_line():
   env = {**os.environ, "MESHBAYES_MALLOC": "huge"}
   run = subprocess.run([sys.executable, "-m", "meshbayes.train"], env=env,

@@ -4,6 +4,10 @@ errors are told before their seconds of import."""
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.integration
+
 PROBE = """
 import sys
 import gin

@@ -85,6 +85,7 @@ def test_split_puts_every_sentence_in_one_split(tmp_path):
   assert {n: sorted(s) for n, s in again.items()} == {n: sorted(s) for n, s in splits.items()}
 
 
+@pytest.mark.integration
 def test_prepare_writes_the_splits_and_is_idempotent(tmp_path, capsys):
   sdist, sha256 = corpus.write_sdist(tmp_path)
   root = tmp_path / "data"
@@ -116,6 +117,7 @@ def test_prepare_writes_the_splits_and_is_idempotent(tmp_path, capsys):
   assert tatoeba.read_manifest(root) is None
 
 
+@pytest.mark.integration
 def test_prepare_rejects_another_source_distribution(tmp_path, capsys):
   sdist, _ = corpus.write_sdist(tmp_path)
   with pytest.raises(ValueError, match=rf"sha256 \w+ is not the expected {tatoeba.SDIST_SHA256}"):

@@ -190,6 +190,7 @@ def test_tatoeba_and_tfds_data_may_be_in_a_bucket(tmp_path, fake_gcs, monkeypatc
     source.list_shards("train")
 
 
+@pytest.mark.integration
 def test_missing_data_names_the_path_and_make_data(tmp_path, monkeypatch, capsys):
   monkeypatch.setenv("MESHBAYES_DATA_DIR", str(tmp_path / "absent"))
   expected = tmp_path / "absent" / "tatoeba" / "fra-eng" / "validation.tsv"
@@ -216,6 +217,7 @@ def test_missing_vocabulary_names_the_path_and_make_data(data_dir):
     _examples("tatoeba_enfr")
 
 
+@pytest.mark.integration
 def test_corrupt_vocabulary_is_one_line_naming_it_and_make_data(data_dir, capsys):
   path = data_dir / "vocabularies" / "tatoeba_en-fr.model"
   model = path.read_bytes()
@@ -290,6 +292,7 @@ def _prepare_fake_wmt(root, monkeypatch):
   builder.download_and_prepare()
 
 
+@pytest.mark.integration
 def test_wmt_task_reads_prepared_tfds_data(tmp_path, monkeypatch):
   _prepare_fake_wmt(tmp_path / "tfds", monkeypatch)
   monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "tfds"))

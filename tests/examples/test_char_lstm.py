@@ -24,6 +24,7 @@ def _text(count, seed):
   return [" ".join(rng.choice(WORDS, 2)) for _ in range(count)]
 
 
+@pytest.mark.integration
 def test_toy_run_beats_the_uniform_vocabulary(tmp_path):
   results = char_lstm.main(
       ["--output_dir", str(tmp_path), "--steps", "80", "--sentences", "200", "--val_sentences",

@@ -13,6 +13,7 @@ import pytest
 from meshbayes.examples import deep_gp_diabetes
 
 
+@pytest.mark.integration
 @pytest.mark.slow  # four models compiled: about 23 s of CPU at this size
 def test_deep_gp_diabetes_models_beat_the_training_mean(tmp_path):
   # Three layers with hidden width 4 (not the 10 features): the first hidden layer's mean

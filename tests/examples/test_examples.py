@@ -20,6 +20,7 @@ def _outputs(directory, name):
   return json.loads((directory / f"{name}.json").read_text())
 
 
+@pytest.mark.integration
 def test_sin_regression_epistemic_band_widens_outside_the_data(tmp_path):
   results = sin_regression.main(["--output_dir", str(tmp_path), "--steps", "400",
                                  "--num_samples", "200", "--min_ratio", "1.5"])
@@ -56,6 +57,7 @@ def test_lenet_deterministic_twin_has_the_same_weights():
   assert bayesian.total == 2 * kernels + biases
 
 
+@pytest.mark.integration
 def test_lenet_digits_runs(tmp_path):
   results = lenet_digits.main(["--output_dir", str(tmp_path), "--epochs", "3",
                                "--num_samples", "4"])
@@ -87,6 +89,7 @@ def test_resnet50_parameter_counts():
   assert bayesian["bayesian_weights"] + bayesian["point_weights"] == 25_557_032
 
 
+@pytest.mark.integration
 def test_resnet_small_runs(tmp_path):
   resnet.main(["--output_dir", str(tmp_path), "--epochs", "4", "--stage_sizes", "1",
                "--width", "8", "--num_samples", "4"])

@@ -14,6 +14,7 @@ from tensorflow_probability.substrates import jax as tfp
 from meshbayes.examples import flow_moons
 
 
+@pytest.mark.integration
 def test_flow_moons_beats_the_base_gaussian(tmp_path):
   results = flow_moons.main(["--output_dir", str(tmp_path), "--num_points", "400",
                              "--num_layers", "2", "--hidden", "16", "16", "--steps", "300",

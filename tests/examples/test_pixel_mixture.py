@@ -14,6 +14,7 @@ import pytest
 from meshbayes.examples import pixel_mixture
 
 
+@pytest.mark.integration
 def test_pixel_mixture_beats_uniform_and_samples_grey_levels(tmp_path):
   results = pixel_mixture.main(["--output_dir", str(tmp_path), "--steps", "150", "--hidden", "32",
                                 "--num_components", "3", "--num_samples", "8"])
@@ -44,6 +45,7 @@ def test_conditionals_are_autoregressive_and_normalized():
   np.testing.assert_allclose(jnp.exp(dist.log_prob(levels)).sum(0), 1.0, atol=1e-5)
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_full_size_run_beats_pixel_histograms(tmp_path):
   # The defaults: 2.10 bits/dim measured on the test digits, against 2.43 for independent

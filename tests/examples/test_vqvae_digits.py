@@ -10,6 +10,8 @@ import pytest
 
 from meshbayes.examples import vqvae_digits
 
+pytestmark = pytest.mark.integration
+
 TOY = ["--steps", "200", "--hidden", "16", "--num_embeddings", "16", "--embedding_dim", "8"]
 
 

@@ -70,6 +70,7 @@ def toy(data_dir, tmp_path_factory):
     yield _run_toy(data_dir, out)
 
 
+@pytest.mark.integration
 def test_two_methods_end_to_end_at_both_checkpoints_and_resumed(data_dir, tmp_path,
                                                                 deterministic_stops_early):
   """The path of `make demo` and `make experiment` in `make test`: train, evaluate at the
@@ -123,6 +124,7 @@ def test_two_methods_end_to_end_at_both_checkpoints_and_resumed(data_dir, tmp_pa
   assert calls == []
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_every_method_is_reported_at_the_end_and_at_its_best_checkpoint(toy):
   out, _ = toy
@@ -141,6 +143,7 @@ def test_every_method_is_reported_at_the_end_and_at_its_best_checkpoint(toy):
     assert (out / "figures" / f"{figure}.png").stat().st_size > 10_000
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_the_best_checkpoint_is_the_lowest_validation_nll(toy):
   out, _ = toy
@@ -156,6 +159,7 @@ def test_the_best_checkpoint_is_the_lowest_validation_nll(toy):
   assert ensemble["num_samples"] == 2
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_posterior_diagnostics_and_costs(toy):
   out, _ = toy
@@ -172,6 +176,7 @@ def test_posterior_diagnostics_and_costs(toy):
     assert summary["costs"][run]["cpu_seconds"] > 0
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_an_experiment_resumes_without_redoing_anything(toy, capsys):
   out, args = toy
@@ -205,6 +210,7 @@ def test_reuse_copies_a_finished_run_of_the_same_seed_with_its_time(tmp_path):
     run.reuse("ivon", chosen)
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_a_tuned_run_is_reused_as_the_experiments_run_not_trained_again(data_dir, tmp_path,
                                                                        capsys):
@@ -287,6 +293,7 @@ def test_layer_kinds_of_the_transformers_weights():
   assert experiment_report.layer_kind("decoder/relpos_bias/rel_embedding") == "relative_positions"
 
 
+@pytest.mark.integration
 def test_parallel_commands_report_their_own_time_and_a_failure_names_its_log(tmp_path):
   runner = experiment.Runner(jobs=2)
   costs = runner.all([("train", ["--help"], tmp_path / "a.log"),

@@ -1,5 +1,6 @@
 """Helpers shared by the layer tests."""
 
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -7,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from flax import traverse_util
 from jax.sharding import NamedSharding
 
@@ -14,6 +16,8 @@ from meshbayes import layers
 from meshbayes.layers import softplus_inverse
 from meshbayes.partitioning import Partitioner
 
+# Sampled moments are checked within Z standard errors (tests/layers/test_estimator_moments.py).
+Z = 4.5
 DENSE_CLASSES = ("DenseReparameterization", "DenseFlipout", "DenseLocalReparameterization")
 GENERAL_CLASSES = ("DenseGeneralReparameterization", "DenseGeneralFlipout",
                    "DenseGeneralLocalReparameterization")
@@ -85,3 +89,75 @@ def sharded_grads_equal_unsharded(model: nn.Module, x, y, rules: str = "fsdp_tp"
                                jax.tree.leaves(ref_grads)):
     np.testing.assert_allclose(grad, ref, rtol=1e-5, atol=1e-6, err_msg=str(path))
   return grads, shardings
+
+
+def one_line_error(match, fn, *args, **kwargs):
+  """``fn(*args, **kwargs)`` raises a ValueError matching ``match``, on one line."""
+  with pytest.raises(ValueError, match=match) as info:
+    fn(*args, **kwargs)
+  assert "\n" not in str(info.value), str(info.value)
+
+
+# Moments of sampled outputs.
+
+
+def assert_moments(samples, mean, var):
+  """The empirical mean of ``samples`` (draws on axis 0) within ``Z`` standard errors of
+  ``mean``, and their variance within ``Z`` standard errors of a sample variance of ``var``."""
+  n = samples.shape[0]
+  emp_mean, emp_var = samples.mean(0), samples.var(0, ddof=1)
+  z_mean = np.abs(emp_mean - mean) / np.sqrt(var / n)
+  rel_var = np.abs(emp_var / var - 1.0)
+  print(f"N={n}: max |mean error| {z_mean.max():.2f} standard errors, "
+        f"max |variance error| {rel_var.max():.2%}")
+  assert z_mean.max() < Z, f"mean off by {z_mean.max():.2f} standard errors"
+  assert rel_var.max() < Z * math.sqrt(2.0 / (n - 1)), f"variance off by {rel_var.max():.2%}"
+
+
+def f64(x):
+  """``x`` in float64, for the analytic moments."""
+  return np.asarray(x, np.float64)
+
+
+def correlation(a, b):
+  """The empirical correlation of ``a`` and ``b`` (draws on axis 0), elementwise."""
+  a, b = a - a.mean(0), b - b.mean(0)
+  return (a * b).mean(0) / np.sqrt((a * a).mean(0) * (b * b).mean(0))
+
+
+# Dense layers swapped for Bayesian ones.
+
+
+class Attention(nn.Module):
+  """Query and output projections, multi-axis kernels as in a Transformer."""
+
+  dense_general: Any
+
+  @nn.compact
+  def __call__(self, x):
+    init = nn.initializers.lecun_normal()
+    q = self.dense_general(features=(2, 3), use_bias=False,
+                           kernel_init=boxed(init, "embed", "heads", "kv"), name="query")(x)
+    return self.dense_general(features=x.shape[-1], axis=(-2, -1), use_bias=False,
+                              kernel_init=boxed(init, "heads", "kv", "embed"), name="out")(q)
+
+
+def shapes_and_specs(model, x):
+  """``{parameter path: (shape, logical partition spec)}`` of ``model`` on ``x``."""
+  variables = model.init(jax.random.key(0), x)
+  specs = traverse_util.flatten_dict(nn.get_partition_spec(variables)["params"])
+  shapes = traverse_util.flatten_dict(jax.tree.map(jnp.shape, nn.unbox(variables["params"])))
+  return {path: (shapes[path], specs[path]) for path in shapes}
+
+
+def expected_bayesian(deterministic):
+  """``shapes_and_specs`` of a deterministic model as its Bayesian swap should have them:
+  each ``kernel`` as ``kernel_loc`` and ``kernel_scale``, every other parameter unchanged."""
+  out = {}
+  for path, value in deterministic.items():
+    if path[-1] == "kernel":
+      out[path[:-1] + ("kernel_loc",)] = value
+      out[path[:-1] + ("kernel_scale",)] = value
+    else:
+      out[path] = value
+  return out

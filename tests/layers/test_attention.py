@@ -22,9 +22,14 @@ from jax.sharding import PartitionSpec as P
 from meshbayes import layers
 from meshbayes.layers import attention
 from meshbayes.partitioning import Partitioner
-from tests.layers.fixtures import randomize_posterior, stddev
-from tests.layers.test_estimator_moments import assert_moments, f64
-from tests.layers.test_swap import expected_bayesian, shapes_and_specs
+from tests.layers.fixtures import (
+  assert_moments,
+  expected_bayesian,
+  f64,
+  randomize_posterior,
+  shapes_and_specs,
+  stddev,
+)
 
 BAYESIAN = ("MultiHeadDotProductAttentionReparameterization",
             "MultiHeadDotProductAttentionFlipout",

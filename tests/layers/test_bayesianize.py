@@ -26,13 +26,16 @@ from meshbayes import layers
 from meshbayes.layers.bayesianize import bayesianize, moped_init
 from tests.layers.fixtures import (
   MLP,
+  Attention,
+  assert_moments,
   boxed,
+  f64,
+  one_line_error,
   randomize_posterior,
+  shapes_and_specs,
   sharded_grads_equal_unsharded,
   stddev,
 )
-from tests.layers.test_estimator_moments import assert_moments, f64
-from tests.layers.test_swap import Attention, shapes_and_specs
 
 NUM_SAMPLES = 20_000
 
@@ -317,12 +320,6 @@ def test_layers_inside_nn_scan_are_replaced_per_step():
   np.testing.assert_allclose(float(layers.total_kl(state)),
                              sum(closed_form_kl(variables["params"]).values()), rtol=1e-5)
   assert not np.allclose(y, bayesian.clone(deterministic=True).apply(variables, x))
-
-
-def one_line_error(match, fn, *args):
-  with pytest.raises(ValueError, match=match) as info:
-    fn(*args)
-  assert "\n" not in str(info.value), str(info.value)
 
 
 def test_errors_are_one_clear_line():

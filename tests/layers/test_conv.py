@@ -23,13 +23,17 @@ from jax.sharding import PartitionSpec as P
 from meshbayes import layers
 from meshbayes.layers import conv, estimators
 from tests.layers.fixtures import (
+  Z,
+  assert_moments,
   boxed,
+  correlation,
+  expected_bayesian,
+  f64,
   randomize_posterior,
+  shapes_and_specs,
   sharded_grads_equal_unsharded,
   stddev,
 )
-from tests.layers.test_estimator_moments import Z, assert_moments, correlation, f64
-from tests.layers.test_swap import expected_bayesian, shapes_and_specs
 
 CLASSES = ("ConvReparameterization", "ConvFlipout", "ConvLocalReparameterization")
 NUM_SAMPLES = 40_000

@@ -6,12 +6,7 @@ import jax.numpy as jnp
 import pytest
 
 from meshbayes import layers
-
-
-def one_line_error(match, fn, *args, **kwargs):
-  with pytest.raises(ValueError, match=match) as info:
-    fn(*args, **kwargs)
-  assert "\n" not in str(info.value), str(info.value)
+from tests.layers.fixtures import one_line_error
 
 
 def test_sampling_without_a_sample_rng():

@@ -21,33 +21,21 @@ from meshbayes import layers
 from tests.layers.fixtures import (
   DENSE_CLASSES,
   GENERAL_CLASSES,
+  Z,
+  assert_moments,
+  correlation,
+  f64,
   randomize_posterior,
   stddev,
 )
 
 NUM_SAMPLES = 40_000
-Z = 4.5
 
 
 def draw(layer, params, x, num_samples=NUM_SAMPLES, seed=1):
   apply = lambda k: layer.apply({"params": params}, x, rngs={"sample": k})
   keys = jax.random.split(jax.random.key(seed), num_samples)
   return np.asarray(jax.vmap(apply)(keys), np.float64)
-
-
-def assert_moments(samples, mean, var):
-  n = samples.shape[0]
-  emp_mean, emp_var = samples.mean(0), samples.var(0, ddof=1)
-  z_mean = np.abs(emp_mean - mean) / np.sqrt(var / n)
-  rel_var = np.abs(emp_var / var - 1.0)
-  print(f"N={n}: max |mean error| {z_mean.max():.2f} standard errors, "
-        f"max |variance error| {rel_var.max():.2%}")
-  assert z_mean.max() < Z, f"mean off by {z_mean.max():.2f} standard errors"
-  assert rel_var.max() < Z * math.sqrt(2.0 / (n - 1)), f"variance off by {rel_var.max():.2%}"
-
-
-def f64(x):
-  return np.asarray(x, np.float64)
 
 
 @pytest.mark.parametrize("bayesian_bias", [False, True])
@@ -109,11 +97,6 @@ def test_reparameterization_lookup_uses_one_table_per_call():
   np.testing.assert_array_equal(samples[:, 0, 1], samples[:, 0, 2])
   np.testing.assert_array_equal(samples[:, 0, 0], samples[:, 1, 2])
   assert np.all(samples[:, 0, 0] != samples[:, 0, 1])
-
-
-def correlation(a, b):
-  a, b = a - a.mean(0), b - b.mean(0)
-  return (a * b).mean(0) / np.sqrt((a * a).mean(0) * (b * b).mean(0))
 
 
 @pytest.mark.parametrize("cls_name", DENSE_CLASSES)

@@ -3,6 +3,10 @@
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.integration
+
 
 def test_importing_layers_does_not_import_tensorflow_until_a_distribution_layer_is_used():
   code = ("import sys, meshbayes.layers as layers; "

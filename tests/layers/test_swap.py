@@ -5,49 +5,22 @@ kernel's shape and logical axes; every other parameter is unchanged, whether
 the axes come from a boxed initializer (flax style) or ``kernel_axes`` (T5X).
 """
 
-from typing import Any
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import pytest
-from flax import traverse_util
 from jax.sharding import PartitionSpec as P
 
 from meshbayes import layers
-from tests.layers.fixtures import DENSE_CLASSES, GENERAL_CLASSES, MLP, boxed
-
-
-class Attention(nn.Module):
-  """Query and output projections, multi-axis kernels as in a Transformer."""
-
-  dense_general: Any
-
-  @nn.compact
-  def __call__(self, x):
-    init = nn.initializers.lecun_normal()
-    q = self.dense_general(features=(2, 3), use_bias=False,
-                           kernel_init=boxed(init, "embed", "heads", "kv"), name="query")(x)
-    return self.dense_general(features=x.shape[-1], axis=(-2, -1), use_bias=False,
-                              kernel_init=boxed(init, "heads", "kv", "embed"), name="out")(q)
-
-
-def shapes_and_specs(model, x):
-  variables = model.init(jax.random.key(0), x)
-  specs = traverse_util.flatten_dict(nn.get_partition_spec(variables)["params"])
-  shapes = traverse_util.flatten_dict(jax.tree.map(jnp.shape, nn.unbox(variables["params"])))
-  return {path: (shapes[path], specs[path]) for path in shapes}
-
-
-def expected_bayesian(deterministic):
-  out = {}
-  for path, value in deterministic.items():
-    if path[-1] == "kernel":
-      out[path[:-1] + ("kernel_loc",)] = value
-      out[path[:-1] + ("kernel_scale",)] = value
-    else:
-      out[path] = value
-  return out
+from tests.layers.fixtures import (
+  DENSE_CLASSES,
+  GENERAL_CLASSES,
+  MLP,
+  Attention,
+  boxed,
+  expected_bayesian,
+  shapes_and_specs,
+)
 
 
 @pytest.mark.parametrize("cls_name", DENSE_CLASSES)

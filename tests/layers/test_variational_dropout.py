@@ -12,9 +12,8 @@ from jax.sharding import PartitionSpec as P
 from scipy import integrate
 
 from meshbayes import layers
-from tests.layers.fixtures import sharded_grads_equal_unsharded
 from meshbayes.layers import variational_dropout as vd
-from tests.layers.test_estimator_moments import Z, assert_moments, correlation, f64
+from tests.layers.fixtures import Z, assert_moments, correlation, f64, sharded_grads_equal_unsharded
 
 NUM_SAMPLES = 40_000
 

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from meshbayes import metrics
 
@@ -39,6 +40,7 @@ def test_token_and_sequence_panels_write_png(tmp_path):
   assert is_png(path)
 
 
+@pytest.mark.integration
 def test_package_imports_neither_tensorflow_nor_matplotlib():
   code = ("import sys, meshbayes.metrics; "
           "bad = [m for m in ('tensorflow', 'matplotlib') if m in sys.modules]; "

@@ -191,6 +191,7 @@ def test_remat_and_bfloat16_run():
   assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
 
 
+@pytest.mark.integration
 def test_model_sizes_tool(capsys):
   import importlib.util
   from pathlib import Path

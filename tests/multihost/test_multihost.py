@@ -26,6 +26,8 @@ from meshbayes.partitioning.specs import path_names
 from tests.trainer.runs import ROOT, train_args
 from meshbayes.tools import launch_local
 
+pytestmark = pytest.mark.integration
+
 STEPS = 4
 LOSS_RTOL = 1e-6
 HEARTBEAT_SECONDS = 30

@@ -42,6 +42,7 @@ def test_options_are_validated_and_none_means_a_single_process():
   assert distributed.DistributedOptions(num_processes=2, auto=True).enabled  # JAX fills the rest
 
 
+@pytest.mark.integration
 def test_a_bad_multihost_flag_is_one_line(capsys, tmp_path):
   with pytest.raises(SystemExit) as exit_info:
     launch.run("meshbayes.train", "train", [*train_args(tmp_path, 1), "--process_id=-1"])
@@ -85,6 +86,7 @@ def _python(code):
                           stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.integration
 def test_the_status_is_the_first_failures_not_a_peers_abort():
   out = io.StringIO()
   # An error (1) and a peer aborted by the coordination service (134), both ended

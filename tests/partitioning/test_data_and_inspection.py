@@ -97,6 +97,7 @@ def test_inspection_table_for_a_2x4_mesh():
   assert table.rstrip().endswith(f"{per_device / 1024:.2f} KiB")
 
 
+@pytest.mark.integration
 def test_inspect_partitioning_tool():
   spec = importlib.util.spec_from_file_location("inspect_tool",
                                                 ROOT / "tools" / "inspect_partitioning.py")

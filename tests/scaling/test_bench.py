@@ -7,6 +7,7 @@ import pytest
 from meshbayes.tools import bench
 
 
+@pytest.mark.integration
 @pytest.mark.slow  # every section compiles and times several programs: minutes on 2 cores
 def test_every_section_reports_its_ratios(tmp_path):
   out = tmp_path / "bench.json"

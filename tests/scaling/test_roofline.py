@@ -332,6 +332,7 @@ def test_program_profile_without_coordinates():
 
 # ---------------------------------------------------------------------- the tool
 
+@pytest.mark.integration
 def test_from_json_recomputes_predictions(tmp_path, capsys):
   from meshbayes.tools import scaling_study
   path = tmp_path / "study.json"
@@ -349,6 +350,7 @@ def test_from_json_recomputes_predictions(tmp_path, capsys):
   assert "| 1000 / 1000 |" in table.read_text()
 
 
+@pytest.mark.integration
 def test_from_json_errors(tmp_path):
   from meshbayes.tools import scaling_study
   with pytest.raises(SystemExit, match="cannot read"):

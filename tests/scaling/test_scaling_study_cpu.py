@@ -16,6 +16,8 @@ from meshbayes.scaling import aot
 from meshbayes.scaling.targets import parse_target
 from meshbayes.tools import scaling_study
 
+pytestmark = pytest.mark.integration
+
 ARGS = ["--model=tiny", "--deterministic", "--topologies=v2:2x2", "--target=cpu",
         "--model_parallel=2", "--num_layers=2", "--batch_size=8", "--input_length=8",
         "--target_length=8"]

@@ -51,6 +51,7 @@ def test_kinds_come_from_the_innermost_functions_named():
   assert step_profile.kind_of_frames(optax) == "optimizer"
 
 
+@pytest.mark.integration
 @pytest.mark.slow  # six train steps compiled and profiled: two minutes on 2 cores
 def test_the_tool_reports_each_program_by_kind_and_the_ablations_times(tmp_path, capsys):
   out = tmp_path / "profile.json"

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from meshbayes import launch
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "gin_configs" / "examples"
 TOOLS = ROOT / "tools"
@@ -43,3 +45,29 @@ def events(directory):
       for value in event.summary.value:
         found[(value.tag, event.step)] = value.simple_value
   return found
+
+
+def command(capsys, entry_point, *args, model_from_model_dir=False):
+  """Runs a command (``train``, ``evaluate``, ``infer``) here, as its module
+  (``meshbayes.train``, ``eval``, ``infer``) does: (exit code, stdout, stderr)."""
+  module = {"evaluate": "eval"}.get(entry_point, entry_point)
+  try:
+    launch.run(f"meshbayes.{module}", entry_point, list(args),
+               model_from_model_dir=model_from_model_dir)
+    code = 0
+  except SystemExit as exit_:
+    code = exit_.code
+  out, err = capsys.readouterr()
+  return code, out, err
+
+
+def train(capsys, *args):
+  """Runs ``meshbayes.train`` here: (exit code, stdout, stderr)."""
+  return command(capsys, "train", *args)
+
+
+def one_line(err):
+  """The one error line of ``meshbayes.train`` in ``err`` (fails unless there is exactly one)."""
+  lines = [line for line in err.splitlines() if line.startswith("meshbayes.train: error:")]
+  assert len(lines) == 1, err[-2000:]
+  return lines[0]

@@ -140,6 +140,7 @@ def test_a_checkpoint_without_checksums_restores_with_a_note(tmp_path, capsys):
       "written); its arrays are not verified\n")
 
 
+@pytest.mark.integration
 def test_verify_reports_every_step_and_fails_on_a_corrupt_one(tmp_path, capsys):
   ckpts = saved(tmp_path / "checkpoints", steps=(2, 4, 6, 8))
   ckpts.close()
@@ -160,6 +161,7 @@ def test_verify_reports_every_step_and_fails_on_a_corrupt_one(tmp_path, capsys):
       f"  step        8  no checksums (saved before they were written)"]
 
 
+@pytest.mark.integration
 def test_a_half_deleted_step_is_listed_as_incomplete_then_removed(tmp_path, capsys):
   ckpts = saved(tmp_path / "checkpoints", steps=(2, 4, 6))
   ckpts.close()

@@ -7,6 +7,8 @@ import pytest
 
 from tests.trainer.runs import ROOT
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.mark.slow  # a reference run, two interrupted chains and their resumes (minutes)
 def test_a_short_sweep_finds_no_damage(tmp_path):

@@ -13,8 +13,9 @@ from meshbayes.layers import WeightPosterior
 from meshbayes.models import EncoderDecoderModel, Estimators, TransformerConfig
 from meshbayes.partitioning import Partitioner
 from meshbayes.tools import inspect_checkpoint
-from tests.trainer.test_train_in_process import command, one_line, train
-from tests.trainer.runs import train_args
+from tests.trainer.runs import command, one_line, train, train_args
+
+pytestmark = pytest.mark.integration
 
 UNITS = 450000  # num_train_units of train_args: IVON's ess
 

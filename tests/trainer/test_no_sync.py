@@ -7,6 +7,8 @@ import pytest
 from meshbayes import launch, trainer
 from tests.trainer.runs import train_args
 
+pytestmark = pytest.mark.integration
+
 
 def test_metrics_are_read_only_at_steps_that_log_or_save(tmp_path, monkeypatch):
   reads = []

@@ -16,8 +16,9 @@ import pytest
 
 from meshbayes import checkpoints, launch, trainer
 from meshbayes.run_lock import LOCK_NAME
-from tests.trainer.runs import ROOT, train_args
-from tests.trainer.test_train_in_process import one_line, train
+from tests.trainer.runs import ROOT, one_line, train, train_args
+
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")

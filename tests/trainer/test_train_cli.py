@@ -10,6 +10,8 @@ import pytest
 
 from tests.trainer.runs import ROOT, run, tool, train_args
 
+pytestmark = pytest.mark.integration
+
 REQUIRED_METRICS = {"loss", "nll", "kl", "kl_weight", "neg_elbo", "accuracy", "learning_rate",
                     "gradient_norm", "posterior_stddev/attention", "posterior_stddev/mlp",
                     "tokens_per_second", "step_seconds"}

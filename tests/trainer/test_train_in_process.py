@@ -16,29 +16,9 @@ import pytest
 
 from meshbayes import checkpoints, launch
 from meshbayes.tools import inspect_checkpoint
-from tests.trainer.runs import TOOLS, events, run, train_args
+from tests.trainer.runs import TOOLS, command, events, one_line, run, train, train_args
 
-
-def command(capsys, entry_point, *args, model_from_model_dir=False):
-  """Runs a command (``train``, ``evaluate``, ``infer``) here: (exit code, stdout, stderr)."""
-  try:
-    launch.run(f"meshbayes.{entry_point}", entry_point, list(args),
-               model_from_model_dir=model_from_model_dir)
-    code = 0
-  except SystemExit as exit_:
-    code = exit_.code
-  out, err = capsys.readouterr()
-  return code, out, err
-
-
-def train(capsys, *args):
-  return command(capsys, "train", *args)
-
-
-def one_line(err):
-  lines = [line for line in err.splitlines() if line.startswith("meshbayes.train: error:")]
-  assert len(lines) == 1, err[-2000:]
-  return lines[0]
+pytestmark = pytest.mark.integration
 
 
 @pytest.mark.parametrize("binding, message", [
