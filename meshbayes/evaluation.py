@@ -27,7 +27,7 @@ import numpy as np
 from etils import epath
 from jax.sharding import NamedSharding
 
-from meshbayes import evaluation_items, metrics, predictive_eval
+from meshbayes import eval_phases, evaluation_items, metrics, predictive_eval
 from meshbayes.data import paths
 from meshbayes.metrics import bootstrap
 from meshbayes.data.pipeline import TaskData, get_task
@@ -263,29 +263,39 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
     params = _ensemble(params, model_dir, ensemble_dirs, model, data, partitioner, num_samples)
   split = split or data.eval_split
   rng = jax.random.key(seed)
+  variants = predictive_eval.predictives(model.is_bayesian or holds_posterior(params),
+                                         num_samples)
+  if isinstance(params, Ensemble):
+    variants = [predictive_eval.Predictive("model_average", params.size)]
+  ood_names = [*(ood_files or {}), *["targets_as_inputs"] * ood_targets_as_inputs,
+               *["shuffled_words"] * ood_shuffled_words]  # _ood_scores' order
+  phases = eval_phases.EvalPhases(_phases(
+      data, split, variants, teacher_forced=not isinstance(params, Ensemble),
+      num_samples=num_samples, temperature_split=temperature_split if temperature_scaling
+      else None, decode=decode, beam=decode_method == "beam" and beam_size,
+      sample_agreement=sample_agreement, ood_names=ood_names,
+      max_ood_examples=max_ood_examples))
   eval_fn = jax.jit(lambda p, b, k: model.eval_fn(p, b, k, num_samples)[1], in_shardings=(
       jax.tree.map(lambda x: x.sharding, params),
       NamedSharding(partitioner.mesh, partitioner.batch_spec), None))
-  batches = list(progress(data.eval_batches(partitioner.data_layout(data.batch_size), split),
-                          f"reading {data.task}/{split}"))
+  batches = list(phases.track(data.eval_batches(partitioner.data_layout(data.batch_size),
+                                                split), f"reading {data.task}/{split}"))
+  phases.split_batches = len(batches)
   result: dict[str, Any] = {"step": step, "task": data.task, "split": split,
                             "num_samples": num_samples}
   if isinstance(params, Ensemble):  # no posterior mean: its members' average only
     result.update(num_samples=params.size, ensemble=[str(model_dir), *ensemble_dirs])
   else:
-    result.update(teacher_forced_metrics(eval_fn, params, progress(
+    result.update(teacher_forced_metrics(eval_fn, params, phases.track(
         batches, "teacher-forced pass"), partitioner, jax.random.fold_in(rng, 1)))
-  variants = predictive_eval.predictives(model.is_bayesian or holds_posterior(params),
-                                         num_samples)
-  if isinstance(params, Ensemble):
-    variants = [predictive_eval.Predictive("model_average", params.size)]
   if temperature_scaling:
     if temperature_split == split:
       print(f"warning: the temperature is fitted on the evaluated split {split!r}",
             file=sys.stderr)
     fit_batches = data.eval_batches(partitioner.data_layout(data.batch_size), temperature_split)
     temperature, fit = predictive_eval.fit_temperature(
-        model, params, progress(fit_batches, f"fitting the temperature on {temperature_split}"),
+        model, params, phases.track(fit_batches, f"fitting the temperature on "
+                                                 f"{temperature_split}"),
         partitioner, variants[0], jax.random.fold_in(rng, 2))
     result["temperature_scaling"] = {"split": temperature_split, "temperature": temperature,
                                      **fit}
@@ -300,7 +310,7 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
   result["token_calibration"] = {}
   for variant in variants:
     token, per_row = predictive_eval.token_calibration(
-        model, params, progress(batches, f"token calibration ({variant.name})"), partitioner,
+        model, params, phases.track(batches, f"token calibration ({variant.name})"), partitioner,
         variant, rng, num_bins)
     token_statistics[variant.name] = sources.sum_rows(per_row)
     reliability[variant.name] = {"token": {k: v for k, v in token.items()
@@ -312,7 +322,7 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
   out_dir.mkdir(parents=True, exist_ok=True)
   records = {}
   if decode:
-    records = _decode_sources(model, params, data, sources, partitioner, variants, rng,
+    records = _decode_sources(model, params, data, sources, partitioner, variants, rng, phases,
                               method=decode_method, beam_size=beam_size,
                               sample_agreement=sample_agreement)
   result["decoding"], result["intervals"] = {}, {}
@@ -342,7 +352,7 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
     headline = result["decoding"][variants[0].name]
     result.update(bleu=headline["bleu"], exact_match=headline["exact_match"],
                   sequence_ece=headline["sequence_ece"])
-    ood = _ood_scores(model, params, data, sources, partitioner, variants[0], rng,
+    ood = _ood_scores(model, params, data, sources, partitioner, variants[0], rng, phases,
                       ood_files or {}, ood_shuffled_words, ood_targets_as_inputs,
                       max_ood_examples)
     if ood is not None:
@@ -369,12 +379,61 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
                       if name not in ("step", "num_samples")
                       and not name.startswith(("intervals/", "ood_intervals/"))})
   writer.close()
+  phases.finish()
   return result
+
+
+def _phases(data: TaskData, split: str, variants: Sequence[predictive_eval.Predictive], *,
+            teacher_forced: bool, num_samples: int, temperature_split: str | None,
+            decode: bool, beam: int, sample_agreement: bool, ood_names: Sequence[str],
+            max_ood_examples: int) -> list[eval_phases.Phase]:
+  """The passes ``evaluate`` makes, in order, with their costs (``eval_phases``)."""
+  Phase = eval_phases.Phase  # pylint: disable=invalid-name
+  variants = list(variants)
+  if temperature_split is not None:
+    variants.append(variants[0].temperature_scaled(1.0))
+  phases = [Phase(f"reading {data.task}/{split}", "read")]
+  if teacher_forced:
+    phases.append(Phase("teacher-forced pass", "score", 1 + num_samples))
+  if temperature_split is not None:
+    phases.append(Phase(f"fitting the temperature on {temperature_split}", "score",
+                        _passes(variants[0])))
+  phases += [Phase(f"token calibration ({v.name})", "score", _passes(v)) for v in variants]
+  if decode:
+    for v in variants:
+      rescoring = _rescores(v, variants)
+      agreement = sample_agreement and v.num_samples
+      phases.append(Phase(_decode_phase_name(data, v, variants), "score" if rescoring else
+                          "decode", _passes(v) * (1 if rescoring else (beam or 1))
+                          * (1 + agreement)))
+    if ood_names:
+      batches = math.ceil(max_ood_examples / data.batch_size)
+      phases += [Phase(f"decoding {name} (greedy)", "decode", _passes(variants[0]), batches)
+                 for name in (data.task, *ood_names)]
+  return phases
+
+
+def _passes(variant: predictive_eval.Predictive) -> int:
+  return max(1, variant.num_samples)
+
+
+def _rescores(variant: predictive_eval.Predictive,
+              variants: Sequence[predictive_eval.Predictive]) -> bool:
+  """Whether ``variant`` scores its unscaled self's outputs instead of decoding (a
+  temperature rescales scores, not translations)."""
+  unscaled = variant.name.removesuffix(predictive_eval.TEMPERATURE_SCALED)
+  return unscaled != variant.name and any(v.name == unscaled for v in variants)
+
+
+def _decode_phase_name(data: TaskData, variant: predictive_eval.Predictive,
+                       variants: Sequence[predictive_eval.Predictive]) -> str:
+  return (f"{'scoring' if _rescores(variant, variants) else 'decoding'} {data.task} sources "
+          f"({variant.name})")
 
 
 def _decode_sources(model: BaseModel, params: Any, data: TaskData, sources: Sources,
                     partitioner: Partitioner, variants: list[predictive_eval.Predictive],
-                    rng: jax.Array, **decode_kwargs: Any
+                    rng: jax.Array, phases: eval_phases.EvalPhases, **decode_kwargs: Any
                     ) -> dict[str, list[predictive_eval.Decoded]]:
   """Each source decoded once by each predictive (a temperature-scaled one rescores its
   unscaled self's outputs): ``{predictive: records, one per source}``."""
@@ -384,10 +443,9 @@ def _decode_sources(model: BaseModel, params: Any, data: TaskData, sources: Sour
     outputs = ([r.output_ids for r in records[unscaled]]
                if unscaled != variant.name and unscaled in records else None)
     records[variant.name] = predictive_eval.decode_and_score(
-        model, params, progress(in_batches(sources.inputs, data.batch_size),
-                                f"{'scoring' if outputs else 'decoding'} {data.task} sources "
-                                f"({variant.name})", math.ceil(len(sources.inputs) /
-                                                               data.batch_size)),
+        model, params, phases.track(in_batches(sources.inputs, data.batch_size),
+                                    _decode_phase_name(data, variant, variants),
+                                    math.ceil(len(sources.inputs) / data.batch_size)),
         partitioner, variant, rng, max_length=data.feature_lengths["targets"],
         eos_id=data.vocabulary.eos_id, outputs=outputs, **decode_kwargs)
   return records
@@ -395,7 +453,7 @@ def _decode_sources(model: BaseModel, params: Any, data: TaskData, sources: Sour
 
 def _ood_scores(model: BaseModel, params: Any, data: TaskData, sources: Sources,
                 partitioner: Partitioner, headline: predictive_eval.Predictive, rng: jax.Array,
-                ood_files: Mapping[str, str], ood_shuffled_words: bool,
+                phases: eval_phases.EvalPhases, ood_files: Mapping[str, str], ood_shuffled_words: bool,
                 ood_targets_as_inputs: bool, max_ood_examples: int
                 ) -> evaluation_items.OodScores | None:
   """The headline predictive's uncertainty measures of greedy outputs for as many in-domain
@@ -415,10 +473,10 @@ def _ood_scores(model: BaseModel, params: Any, data: TaskData, sources: Sources,
 
   def measures(lines: Sequence[str], name: str) -> dict[str, np.ndarray]:
     records = predictive_eval.decode_and_score(
-        model, params, progress(in_batches(encode_lines(lines, input_vocabulary, length,
-                                                        source=name), data.batch_size),
-                                f"decoding {name} (greedy)",
-                                math.ceil(len(lines) / data.batch_size)),
+        model, params, phases.track(in_batches(encode_lines(lines, input_vocabulary, length,
+                                                            source=name), data.batch_size),
+                                    f"decoding {name} (greedy)",
+                                    math.ceil(len(lines) / data.batch_size)),
         partitioner, headline, rng, max_length=data.feature_lengths["targets"],
         eos_id=data.vocabulary.eos_id, method="greedy")
     return {m: np.array([r.measures[m] for r in records]) for m in records[0].measures}

@@ -163,12 +163,12 @@ _PROGRESS_BAR = re.compile(r"\d+it \[|it/s\]|s/it\]")
 
 def _copy_output(stream: Any, log: Path, name: str) -> None:
   """Writes a command's output to its log and echoes its lines, but for progress bars'
-  redraws, prefixed with ``[name]``."""
+  redraws and the blank lines of their erasing, prefixed with ``[name]``."""
   with stream, open(log, "w") as out:
     for line in stream:
       out.write(line)
       out.flush()
-      if not _PROGRESS_BAR.search(line):
+      if line.strip() and not _PROGRESS_BAR.search(line):
         print(f"[{name}] {line.rstrip()}", flush=True)
 
 

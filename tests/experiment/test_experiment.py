@@ -2,6 +2,7 @@
 method trained and evaluated on a fake Tatoeba corpus, at the end and at the best
 checkpoint, and its report."""
 
+import io
 import json
 import re
 
@@ -309,3 +310,17 @@ def test_parallel_commands_report_their_own_time_and_a_failure_names_its_log(tmp
   assert finished == [(1, True)]
   with pytest.raises(ValueError, match="jobs=0 must be a positive int"):
     experiment.Runner(jobs=0)
+
+
+def test_a_commands_echo_drops_progress_bars_and_their_blank_erasing(tmp_path, capsys):
+  # What a child's stdout reads like in text mode: tqdm's carriage returns become line
+  # ends, and a bar that does not stay is erased with spaces.
+  output = ("phase 2/3: teacher-forced pass\n"
+            "teacher-forced pass:  50%|#####     | 8/16 [00:05<00:05,  1.5it/s]\n"
+            "                                                                 \n"
+            "\n"
+            "evaluation done in 12 s\n")
+  experiment._copy_output(io.StringIO(output), tmp_path / "eval.log", "eval_x")
+  assert capsys.readouterr().out.splitlines() == [
+      "[eval_x] phase 2/3: teacher-forced pass", "[eval_x] evaluation done in 12 s"]
+  assert (tmp_path / "eval.log").read_text() == output  # the log keeps everything

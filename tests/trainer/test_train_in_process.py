@@ -272,7 +272,7 @@ def test_evaluate_infer_and_show_a_trained_run(trained, tmp_path, capsys):
             "--gin.evaluate.bootstrap_resamples=50"]
   run_files = lambda run: ["--gin_file=models/tiny.gin", f"--gin_file=runs/{run}.gin",
                            "--gin_file=tasks/synthetic.gin"]
-  code, _, err = command(capsys, "evaluate", *run_files("eval"), *common,
+  code, out, err = command(capsys, "evaluate", *run_files("eval"), *common,
                          "--gin.evaluate.decode_method='greedy'",
                          "--gin.data.TaskData.max_eval_batches=2",
                          "--gin.evaluate.ood_shuffled_words=True",
@@ -306,6 +306,14 @@ def test_evaluate_infer_and_show_a_trained_run(trained, tmp_path, capsys):
   assert (out_dir / "reliability.png").stat().st_size > 0
   # Progress bars on stderr; the metrics as TensorBoard scalars and a JSON line too.
   assert "token calibration (model_average)" in err and "decoding shuffled_words" in err
+  # One line per phase, numbered, the time left once a pass is timed, and the total.
+  phases = [line for line in out.splitlines() if line.startswith("phase ")]
+  assert [line.split(":")[0] for line in phases] == [f"phase {k}/12" for k in range(1, 13)], phases
+  assert phases[0] == "phase 1/12: reading synthetic_reverse/validation"
+  assert phases[-1].startswith("phase 12/12: decoding shuffled_words (greedy); about ")
+  assert "decoding synthetic_reverse sources (model_average); about " in phases[6]
+  assert "scoring synthetic_reverse sources (model_average_temperature_scaled)" in phases[8]
+  assert re.search(r"^evaluation done in [0-9.]+ (s|min)$", out, flags=re.MULTILINE), out[-500:]
   scalars = events(out_dir)
   assert scalars[("validation/bleu", 8)] == pytest.approx(metrics["bleu"], rel=1e-6)
   assert scalars[("validation/ood/shuffled_words/auroc_total_uncertainty", 8)] == pytest.approx(
