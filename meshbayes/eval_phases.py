@@ -16,8 +16,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TypeVar
 
-import jax
-
+from meshbayes import console
 from meshbayes.metrics_writer import progress
 
 T = TypeVar("T")
@@ -77,7 +76,7 @@ class EvalPhases:
   def __init__(self, phases: Sequence[Phase], clock=time.perf_counter, say=None):
     self.phases = list(phases)
     self.split_batches = 0  # set once the evaluated split is read
-    self._clock, self._say = clock, say or _say_on_process_zero
+    self._clock, self._say = clock, say or console.say
     self._next = 0
     self._started = self._clock()
     self._spent = {kind: 0.0 for kind in KINDS}  # seconds per kind
@@ -132,8 +131,3 @@ class EvalPhases:
   def finish(self) -> None:
     """Says how long the evaluation took."""
     self._say(f"evaluation done in {_minutes(self._clock() - self._started)}")
-
-
-def _say_on_process_zero(line: str) -> None:
-  if jax.process_index() == 0:
-    print(line, flush=True)
