@@ -178,15 +178,60 @@ def _final_row(name: str, model_dir: Path, reference: Path) -> Row:
   return Row(f"{name}: final state", "identical", observed, 0, "", damage)
 
 
+def eval_args(model_dir: Path, *gin_files: str) -> list[str]:
+  """``meshbayes.eval`` of the tiny run on one validation batch, teacher-forced only."""
+  return [sys.executable, "-m", "meshbayes.eval", "--gin_file=runs/eval.gin",
+          *(gin_files or ("--gin_file=tasks/synthetic.gin",)), f"--gin.MODEL_DIR='{model_dir}'",
+          "--gin.BATCH_SIZE=8", "--gin.data.TaskData.max_eval_batches=1",
+          "--gin.evaluate.decode=False"]
+
+
+def infer_args(model_dir: Path) -> list[str]:
+  """``meshbayes.infer`` of the tiny run on ``model_dir/../inputs.txt`` (bindings add the
+  output file)."""
+  return [sys.executable, "-m", "meshbayes.infer", "--gin_file=runs/infer.gin",
+          "--gin_file=tasks/synthetic.gin", f"--gin.MODEL_DIR='{model_dir}'",
+          "--gin.BATCH_SIZE=8", f"--gin.INPUT_FILE='{_inputs(model_dir)}'"]
+
+
+def _inputs(model_dir: Path) -> Path:
+  return model_dir.parent / f"{model_dir.name}-inputs.txt"
+
+
 @dataclasses.dataclass(frozen=True)
 class BadInput:
-  """A mistake run against a copy of a small trained run."""
+  """A mistake run against a copy of a small trained run.
+
+  Attributes:
+    name: the case.
+    bindings: what is added to the command line (``{model_dir}`` stands for the copy).
+    prepare: changes the copy first (may return the name of what it changed).
+    expected: ``one-line error`` (and nothing changed), or the outcome of a case that
+      must succeed.
+    model_dir_is_run: whether ``MODEL_DIR`` is bound to the copy.
+    entry: ``train``, ``eval``, ``infer`` (reads ``_inputs(model_dir)``, which must stay
+      as it was) or ``verify`` (``inspect_checkpoint verify``).
+    gin_files: ``eval``'s task files instead of the run's own.
+  """
 
   name: str
   bindings: tuple[str, ...] = ()
   prepare: Callable[[Path], str | None] | None = None
   expected: str = "one-line error"
   model_dir_is_run: bool = True
+  entry: str = "train"
+  gin_files: tuple[str, ...] = ()
+
+  def command(self, model_dir: Path, steps: int) -> list[str]:
+    """The command line of this case against ``model_dir``."""
+    args = {"train": lambda: train_args(model_dir, steps + CHECKPOINT_PERIOD),
+            "eval": lambda: eval_args(model_dir, *self.gin_files),
+            "infer": lambda: infer_args(model_dir),
+            "verify": lambda: [sys.executable, "-m", "meshbayes.tools.inspect_checkpoint",
+                               "verify", str(model_dir)]}[self.entry]()
+    if not self.model_dir_is_run:
+      args = [a for a in args if not a.startswith("--gin.MODEL_DIR=")]
+    return args + list(self.bindings)
 
 
 def _flip_array_bytes(model_dir: Path) -> None:
@@ -215,6 +260,35 @@ def _replace_with_file(model_dir: Path) -> None:
   model_dir.write_text("not a directory\n")
 
 
+def _remove(model_dir: Path) -> None:
+  shutil.rmtree(model_dir)
+
+
+def _empty(model_dir: Path) -> None:
+  shutil.rmtree(model_dir)
+  model_dir.mkdir()
+
+
+def _link_to_inputs(model_dir: Path) -> None:
+  (model_dir.parent / f"{model_dir.name}-link.txt").symlink_to(_inputs(model_dir))
+
+
+def _flip_manifest_byte(model_dir: Path) -> None:
+  step_dir = max((p for p in (model_dir / "checkpoints").iterdir() if p.name.isdigit()),
+                 key=lambda p: int(p.name))
+  manifest = step_dir / "state" / "manifest.ocdbt"
+  raw = bytearray(manifest.read_bytes())
+  raw[len(raw) // 2] ^= 0xFF
+  manifest.write_bytes(bytes(raw))
+
+
+def _needs_tatoeba(model_dir: Path) -> str | None:
+  """Skips the case where the Tatoeba corpus is not prepared (``make data``)."""
+  from meshbayes.data import paths  # pylint: disable=import-outside-toplevel
+
+  return None if (paths.data_dir() / "tatoeba_enfr").is_dir() else "skip"
+
+
 BAD_INPUTS = (
     BadInput("unquoted gin string", ("--gin.MODEL_DIR=runs/unquoted",), model_dir_is_run=False),
     BadInput("misspelled macro", ("--gin.TRAIN_STEP=20",)),
@@ -229,6 +303,27 @@ BAD_INPUTS = (
     BadInput("a byte flipped in each array data file", prepare=_flip_array_bytes),
     BadInput("a half-deleted old step directory", ("--gin.train.keep_checkpoints=None",),
              prepare=_half_delete_oldest, expected="exit 0, incomplete step removed"),
+    BadInput("TRAIN_STEPS=0", ("--gin.TRAIN_STEPS=0",)),
+    BadInput("clip_gradient_norm=None", ("--gin.optimizers.Optimizer.clip_gradient_norm=None",)),
+    BadInput("a negative learning rate", ("--gin.optimizers.LearningRate.base=-0.001",)),
+    BadInput("a misspelled --gin_file", ("--gin_file=runs/trian.gin",)),
+    BadInput("a mesh larger than the devices", ("--gin.partitioning.Partitioner.data=4",)),
+    BadInput("eval of a missing MODEL_DIR", prepare=_remove, entry="eval"),
+    BadInput("eval of an empty MODEL_DIR", prepare=_empty, entry="eval"),
+    BadInput("eval on another vocabulary's task (Tatoeba)", prepare=_needs_tatoeba,
+             entry="eval", gin_files=("--gin_file=tasks/tatoeba_enfr.gin",)),
+    BadInput("eval on another task with the run's vocabulary", entry="eval",
+             bindings=("--gin.MIXTURE_OR_TASK_NAME='synthetic_copy'",),
+             expected="exit 0, noted as out-of-distribution"),
+    BadInput("infer writing over its input", entry="infer",
+             bindings=("--gin.OUTPUT_FILE=%INPUT_FILE",)),
+    BadInput("infer writing over its input through a link", prepare=_link_to_inputs,
+             entry="infer", bindings=("--gin.OUTPUT_FILE='{model_dir}-link.txt'",)),
+    BadInput("infer with a batch the data axis does not divide", entry="infer",
+             bindings=("--num_cpu_devices=8", "--gin.BATCH_SIZE=3",
+                       "--gin.OUTPUT_FILE='/tmp/fault_sweep_unused.txt'")),
+    BadInput("verify of a checkpoint with a byte flipped in its manifest", entry="verify",
+             prepare=_flip_manifest_byte, expected="exit 1, one line, nothing else"),
 )
 
 
@@ -244,35 +339,67 @@ def _snapshot(model_dir: Path) -> dict[str, bytes]:
   return found
 
 
+def _listing(model_dir: Path) -> list[Path] | None:
+  """What ``model_dir`` holds (None: nothing there), but for a run's ``logs/``, where a
+  failed command leaves its traceback."""
+  if not model_dir.exists():
+    return None
+  is_run = (model_dir / "checkpoints").is_dir()
+  return sorted(p for p in model_dir.rglob("*")
+                if not (is_run and p.relative_to(model_dir).parts[0] == "logs"))
+
+
 def bad_inputs(out: Path, base: Path, steps: int) -> list[Row]:
   """Each mistake against a copy of ``base`` (a run of ``steps`` steps)."""
   rows = []
   for case in BAD_INPUTS:
     model_dir = out / ("bad-" + "".join(c if c.isalnum() else "_" for c in case.name))
-    shutil.rmtree(model_dir, ignore_errors=True)
-    if model_dir.is_file():
-      model_dir.unlink()
+    inputs = _inputs(model_dir)
+    for leftover in (model_dir, inputs, model_dir.parent / f"{model_dir.name}-link.txt"):
+      if leftover.is_dir() and not leftover.is_symlink():
+        shutil.rmtree(leftover)
+      elif leftover.exists() or leftover.is_symlink():
+        leftover.unlink()
     shutil.copytree(base, model_dir)
+    inputs.write_text("5 6 7 8\n9 10 11\n")
     prepared = case.prepare(model_dir) if case.prepare else None
-    before = _snapshot(model_dir)
-    args = train_args(model_dir, steps + CHECKPOINT_PERIOD)
-    if not case.model_dir_is_run:
-      args = [a for a in args if not a.startswith("--gin.MODEL_DIR=")]
-    result = subprocess.run(args + list(case.bindings), capture_output=True, text=True,
-                            timeout=900)
-    if case.expected.startswith("exit 0"):
+    if prepared == "skip":
+      rows.append(Row(case.name, case.expected, "skipped: no Tatoeba data (make data)", None,
+                      ""))
+      continue
+    before = _snapshot(model_dir), _listing(model_dir), inputs.read_bytes()
+    command = [a.replace("{model_dir}", str(model_dir)) for a in case.command(model_dir, steps)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    if case.expected.startswith("exit 0, incomplete"):
       removed = not (model_dir / "checkpoints" / str(prepared)).exists()
       observed = (f"exit {result.returncode}, incomplete step "
                   + ("removed" if removed else "left"))
-      damage = _unreadable(model_dir)
+      rows.append(Row(case.name, case.expected, observed, result.returncode,
+                      _error_line(result.stderr), _unreadable(model_dir)))
+      continue
+    if case.expected.startswith("exit 0, noted"):
+      noted = result.returncode == 0 and "out-of-distribution" in result.stderr
+      observed = case.expected if noted else f"exit {result.returncode}"
+    elif case.entry == "verify":
+      quiet = result.returncode == 1 and not result.stderr and "corrupt" in result.stdout
+      observed = case.expected if quiet else f"exit {result.returncode}, stderr " \
+          f"{len(result.stderr.splitlines())} lines"
+      result.stderr = next((line for line in result.stdout.splitlines() if "corrupt" in line),
+                           "")
     else:
       observed = ("one-line error" if result.returncode not in (0, None)
                   and _one_line(result.stderr) else
                   f"exit {result.returncode}" + ("" if _one_line(result.stderr) else ", traceback"))
-      changed = sorted(k for k, v in before.items() if _snapshot(model_dir).get(k) != v)
-      damage = "none" if not changed else f"changed: {', '.join(changed[:3])}"
+    after = _snapshot(model_dir), _listing(model_dir), inputs.read_bytes()
+    changed = sorted(k for k, v in before[0].items() if after[0].get(k) != v)
+    if before[2] != after[2]:
+      changed.insert(0, inputs.name)
+    if case.entry in ("eval", "infer") and not case.expected.startswith("exit 0") and \
+        before[1] != after[1]:
+      changed.append("files created in MODEL_DIR")
     rows.append(Row(case.name, case.expected, observed, result.returncode,
-                    _error_line(result.stderr), damage))
+                    _error_line(result.stderr),
+                    "none" if not changed else f"changed: {', '.join(changed[:3])}"))
   rows.append(_two_trainers(out, steps))
   return rows
 
