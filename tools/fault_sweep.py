@@ -57,12 +57,13 @@ class Row:
     return self.damage == "none" and self.observed == self.expected
 
 
-def train_args(model_dir: Path, steps: int, *bindings: str) -> list[str]:
-  """The command line of the tiny run (no counting of the training split)."""
-  return [sys.executable, "-m", "meshbayes.train", f"--gin_file={EXAMPLE}",
+def train_args(model_dir: Path, steps: int, *gin_files: str) -> list[str]:
+  """The command line of the tiny run (no counting of the training split), from its
+  example file or ``gin_files``."""
+  return [sys.executable, "-m", "meshbayes.train", *(gin_files or [f"--gin_file={EXAMPLE}"]),
           f"--gin.MODEL_DIR='{model_dir}'", f"--gin.TRAIN_STEPS={steps}", "--gin.BATCH_SIZE=8",
           f"--gin.train.checkpoint_period={CHECKPOINT_PERIOD}", "--gin.train.log_period=4",
-          "--gin.models.EncoderDecoderModel.num_train_units=450000", *bindings]
+          "--gin.models.EncoderDecoderModel.num_train_units=450000"]
 
 
 def _tool(*args: object) -> subprocess.CompletedProcess:
@@ -211,7 +212,7 @@ class BadInput:
     model_dir_is_run: whether ``MODEL_DIR`` is bound to the copy.
     entry: ``train``, ``eval``, ``infer`` (reads ``_inputs(model_dir)``, which must stay
       as it was) or ``verify`` (``inspect_checkpoint verify``).
-    gin_files: ``eval``'s task files instead of the run's own.
+    gin_files: the gin files instead of the run's own (``train``) or of its task (``eval``).
   """
 
   name: str
@@ -224,7 +225,7 @@ class BadInput:
 
   def command(self, model_dir: Path, steps: int) -> list[str]:
     """The command line of this case against ``model_dir``."""
-    args = {"train": lambda: train_args(model_dir, steps + CHECKPOINT_PERIOD),
+    args = {"train": lambda: train_args(model_dir, steps + CHECKPOINT_PERIOD, *self.gin_files),
             "eval": lambda: eval_args(model_dir, *self.gin_files),
             "infer": lambda: infer_args(model_dir),
             "verify": lambda: [sys.executable, "-m", "meshbayes.tools.inspect_checkpoint",
@@ -286,7 +287,7 @@ def _needs_tatoeba(model_dir: Path) -> str | None:
   """Skips the case where the Tatoeba corpus is not prepared (``make data``)."""
   from meshbayes.data import paths  # pylint: disable=import-outside-toplevel
 
-  return None if (paths.data_dir() / "tatoeba_enfr").is_dir() else "skip"
+  return None if (paths.data_dir() / "tatoeba").is_dir() else "skip"
 
 
 BAD_INPUTS = (
@@ -307,6 +308,9 @@ BAD_INPUTS = (
     BadInput("clip_gradient_norm=None", ("--gin.optimizers.Optimizer.clip_gradient_norm=None",)),
     BadInput("a negative learning rate", ("--gin.optimizers.LearningRate.base=-0.001",)),
     BadInput("a misspelled --gin_file", ("--gin_file=runs/trian.gin",)),
+    BadInput("a task file before the run file", gin_files=(
+        "--gin_file=tasks/synthetic.gin", "--gin_file=runs/train.gin",
+        "--gin_file=models/tiny.gin")),
     BadInput("a mesh larger than the devices", ("--gin.partitioning.Partitioner.data=4",)),
     BadInput("eval of a missing MODEL_DIR", prepare=_remove, entry="eval"),
     BadInput("eval of an empty MODEL_DIR", prepare=_empty, entry="eval"),
@@ -364,8 +368,8 @@ def bad_inputs(out: Path, base: Path, steps: int) -> list[Row]:
     inputs.write_text("5 6 7 8\n9 10 11\n")
     prepared = case.prepare(model_dir) if case.prepare else None
     if prepared == "skip":
-      rows.append(Row(case.name, case.expected, "skipped: no Tatoeba data (make data)", None,
-                      ""))
+      skipped = "skipped: no Tatoeba data (make data)"
+      rows.append(Row(case.name, skipped, skipped, None, ""))
       continue
     before = _snapshot(model_dir), _listing(model_dir), inputs.read_bytes()
     command = [a.replace("{model_dir}", str(model_dir)) for a in case.command(model_dir, steps)]
@@ -414,7 +418,7 @@ def _two_trainers(out: Path, steps: int) -> Row:
     if "compilation included" in line:
       break
   second = subprocess.run(
-      train_args(model_dir, steps, "--gin.optimizers.LearningRate.base=1e-2"),
+      train_args(model_dir, steps) + ["--gin.optimizers.LearningRate.base=1e-2"],
       capture_output=True, text=True, timeout=900)
   first.send_signal(signal.SIGTERM)  # saves its last step and exits 143
   first.communicate(timeout=900)
