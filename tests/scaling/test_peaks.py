@@ -9,6 +9,9 @@ def test_h100_sxm_and_h200_have_the_dense_bf16_peak():
   assert peaks.peak_flops_per_device("NVIDIA H200") == 989e12
   assert peaks.peak_flops_per_device("NVIDIA H100 80GB HBM3") == 989e12
   assert peaks.peak_flops_per_device("NVIDIA A100-SXM4-80GB") == 312e12
+  # The roofline's GPU entries agree with the table.
+  assert roofline.HARDWARE["h200"].peak_flops_per_device == 989e12
+  assert roofline.HARDWARE["h100"].peak_flops_per_device == 989e12
 
 
 def test_tpus_take_their_per_device_peak_from_the_roofline():
