@@ -6,7 +6,9 @@ FLOPs come out several times too small. Here every computation is weighted by
 how often it runs (the product of the trip counts of the loops around it), so
 
 - ``matmul_flops``: 2 FLOPs per multiply-add of every ``dot`` and
-  ``convolution`` (TPUs lower matmuls to convolutions), per device per step;
+  ``convolution`` (TPUs lower matmuls to convolutions) and of every cuBLAS
+  GEMM custom call (GPUs; their Triton GEMMs are ``dot``s inside fusion
+  computations, counted where they are called), per device per step;
 - ``flops``: those plus every other operation, as XLA's cost analysis counts
   them (one per output element of arithmetic, one per input element of a
   reduction; ``transcendentals`` apart);
@@ -45,6 +47,9 @@ _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
 _CALLED = re.compile(r"\b(calls|body|condition|true_computation|false_computation)=%?([\w.\-]+)")
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 _TRIP_COUNT = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)')
+# GPU matmuls that XLA hands to cuBLAS (and cuBLASLt) are custom calls, not ``dot``s.
+_GEMM_TARGET = re.compile(r'custom_call_target="__cublas\$(?:lt\$matmul|gemm)(?:\$f8)?"')
+_GEMM_DIMS = re.compile(r'"dot_dimension_numbers"\s*:\s*\{([^}]*)\}')
 # What XLA's cost analysis counts as one flop (or transcendental) per output element.
 _ARITHMETIC = frozenset((
     "add", "subtract", "multiply", "divide", "remainder", "maximum", "minimum", "power",
@@ -206,6 +211,39 @@ def _matmul_flops(instruction: Instruction, shapes: dict[str, tuple[Shape, ...]]
     contracting = _dims_attribute(instruction.attributes, "lhs_contracting_dims")
     return 2.0 * outputs * math.prod(lhs[0].dims[d] for d in contracting)
   return _convolution_flops(instruction, shapes)
+
+
+def _gemm_dims(attributes: str, name: str) -> tuple[int, ...]:
+  """``"lhs_contracting_dimensions":["1"]`` of a GEMM's backend_config as a tuple."""
+  numbers = _GEMM_DIMS.search(attributes)
+  match = re.search(r'"' + name + r'"\s*:\s*\[([^\]]*)\]', numbers.group(1)) if numbers else None
+  return tuple(int(d.strip(' "')) for d in match.group(1).split(",") if d.strip()) if match else ()
+
+
+def is_gemm_custom_call(instruction: Instruction) -> bool:
+  return instruction.opcode == "custom-call" and bool(_GEMM_TARGET.search(instruction.attributes))
+
+
+def _gemm_flops(instruction: Instruction, shapes: dict[str, tuple[Shape, ...]]) -> float:
+  """2 x batch x M x N x K of a cuBLAS custom call, from its operands and dot dimensions.
+
+  The result is a tuple (output, workspace); the operands' shapes and the
+  backend_config's ``dot_dimension_numbers`` fix the product. A fused bias
+  (a third operand) adds no multiply-adds.
+  """
+  if len(instruction.operands) < 2 or not _GEMM_DIMS.search(instruction.attributes):
+    return 0.0
+  lhs, rhs = (shapes.get(o) for o in instruction.operands[:2])
+  if not lhs or not rhs:
+    return 0.0
+  lhs, rhs = lhs[0].dims, rhs[0].dims
+  batch = math.prod(lhs[d] for d in _gemm_dims(instruction.attributes, "lhs_batch_dimensions"))
+  contracting = math.prod(
+      lhs[d] for d in _gemm_dims(instruction.attributes, "lhs_contracting_dimensions"))
+  if not batch or not contracting:
+    return 0.0
+  # lhs is batch x M x K and rhs batch x K x N elements: the product is batch x M x N x K.
+  return 2.0 * math.prod(lhs) * math.prod(rhs) / (batch * contracting)
 
 
 def _window(attributes: str) -> dict[str, list[tuple[int, ...]]]:
@@ -375,6 +413,8 @@ def analyze(text: str) -> HloSummary:
     for instruction in instructions:
       if instruction.opcode in ("dot", "convolution"):
         cost[0] += _matmul_flops(instruction, shapes)
+      elif is_gemm_custom_call(instruction):
+        cost[0] += _gemm_flops(instruction, shapes)
       else:
         flops, transcendentals = _elementwise_flops(instruction, shapes)
         cost[1] += flops

@@ -56,10 +56,11 @@ KINDS = hlo.COLLECTIVES
 
 @dataclasses.dataclass(frozen=True)
 class Hardware:
-  """Published peak rates of one TPU generation.
+  """Published peak rates of one TPU generation or GPU (links: NVLink for GPUs).
 
   Attributes:
-    generation: ``v2``, ``v3``, ``v4``, ``v5e`` or ``v5p`` (the target names' prefix).
+    generation: ``v2``, ``v3``, ``v4``, ``v5e`` or ``v5p`` (the target names' prefix),
+      ``h100`` (SXM) or ``h200``.
     peak_flops_per_chip: peak dense bf16 matmul FLOP/s of one chip.
     hbm_bytes_per_second_per_chip: HBM bandwidth of one chip.
     ici_link_bytes_per_second: bandwidth of one inter-chip link in one direction.
@@ -156,6 +157,22 @@ HARDWARE: dict[str, Hardware] = {
                "bidirectional ICI 1200 GB/s per chip over 6 links = 100 GB/s per link and "
                "direction; 3-D torus); wraparound on multiples of a 4x4x4 cube: "
                "https://jax-ml.github.io/scaling-book/tpus"),
+    # GPUs: NVLink 4 through NVSwitch gives each GPU 450 GB/s out and 450 in (18 links of
+    # 25 GB/s per direction), to any peer. Modelled as a ring that always closes
+    # (wraparound_multiple 1) on one 225 GB/s link per direction: 450 GB/s per device on
+    # rings of three or more GPUs; a pair is under-rated by half.
+    "h100": Hardware(
+        "h100", peak_flops_per_chip=989e12, hbm_bytes_per_second_per_chip=3.35e12,
+        ici_link_bytes_per_second=225e9, ici_links_per_chip=1, devices_per_chip=1,
+        wraparound_multiple=1,
+        source="https://www.nvidia.com/en-us/data-center/h100/ (H100 SXM: 1,979 TFLOP/s bf16 "
+               "with sparsity, 989 dense; HBM3 3.35 TB/s; NVLink 900 GB/s bidirectional)"),
+    "h200": Hardware(
+        "h200", peak_flops_per_chip=989e12, hbm_bytes_per_second_per_chip=4.8e12,
+        ici_link_bytes_per_second=225e9, ici_links_per_chip=1, devices_per_chip=1,
+        wraparound_multiple=1,
+        source="https://www.nvidia.com/en-us/data-center/h200/ (H200 SXM: 1,979 TFLOP/s bf16 "
+               "with sparsity, 989 dense; HBM3e 4.8 TB/s; NVLink 900 GB/s bidirectional)"),
 }
 
 

@@ -22,6 +22,11 @@ def test_every_section_reports_its_ratios(tmp_path):
   step = report["step"]
   assert step["efficiency_quotient"] == step["time_ratio"] / step["flop_ratio"]
   assert step["flops"]["bayesian"]["matmul"] > step["flops"]["deterministic"]["matmul"] > 0
+  # Ratios from the traced FLOPs, which without remat the CPU's compiled matmuls equal.
+  assert step["flop_ratio"] == (step["flops"]["bayesian"]["traced_matmul"]
+                                / step["flops"]["deterministic"]["traced_matmul"])
+  assert step["hlo_matmul_flop_ratio"] == pytest.approx(step["flop_ratio"], rel=1e-6)
+  assert step["mfu"] == "n/a on CPU" and step["tflops_per_second"]["deterministic"] > 0
   # IVON's step: AdamW's matmuls on the same model (the noise and updates are elementwise).
   assert step["flops"]["ivon"]["matmul"] == step["flops"]["deterministic"]["matmul"]
   assert step["ivon_time_ratio"] == step["seconds"]["ivon"] / step["seconds"]["deterministic"]

@@ -141,13 +141,18 @@ def test_predictions_for_the_record_generation():
 
 
 def test_hardware_table():
-  assert set(HARDWARE) == {"v2", "v3", "v4", "v5e", "v5p"}
+  assert set(HARDWARE) == {"v2", "v3", "v4", "v5e", "v5p", "h100", "h200"}
   assert HARDWARE["v2"].peak_flops_per_chip * 256 == pytest.approx(11.52e15)  # the v2 pod
   assert HARDWARE["v3"].ici_link_bytes_per_second == pytest.approx(83e9, rel=0.01)
   for hw in HARDWARE.values():
     assert hw.source and hw.peak_flops_per_device > 0
   assert HARDWARE["v2"].wraps(16) and not HARDWARE["v2"].wraps(8)
   assert HARDWARE["v4"].wraps(8) and not HARDWARE["v4"].wraps(2)
+  # NVSwitch: a ring of GPUs closes at any size, 450 GB/s out of each GPU.
+  h100 = HARDWARE["h100"]
+  assert roofline.ring_bandwidth(h100, [TorusSpan(8, 1, 8)]) == pytest.approx(450e9)
+  assert HARDWARE["h200"].hbm_bytes_per_second_per_chip / h100.hbm_bytes_per_second_per_chip \
+      == pytest.approx(4.8 / 3.35)
 
 
 # ---------------------------------------------------------------------- bad input
