@@ -1,39 +1,27 @@
 """malloc settings for the CPU runtime's per-step buffers.
 
-XLA's CPU runtime allocates the temporary buffer of every execution with
-``malloc`` and frees it afterwards: 1.9 GiB per train step of the ``small``
-preset, 3.6 GiB for its Bayesian twin, tens of MiB for ``tiny``. glibc serves
-an allocation over 32 MiB with a fresh ``mmap`` and returns it with
-``munmap``, so every step faults the whole buffer in again, 4 KiB at a time,
-each page zeroed by the kernel (and, in a virtual machine, often backed anew
-by the host): 0.5 million page faults per deterministic ``small`` step and 1
-million per Bayesian one, 20-35% of the step (docs/performance.md). The
-compiler's own large allocations pay the same.
+XLA's CPU runtime allocates each execution's temporary buffer with ``malloc``
+and frees it afterwards; glibc serves such large allocations with a fresh
+``mmap``, so every step faults its whole buffer in again. The figures (page
+faults per step, step times under each setting) are in docs/performance.md.
 
 ``MESHBAYES_MALLOC`` chooses glibc tunables (read when a process starts):
 
 - ``huge_pages`` (the default): ``glibc.malloc.hugetlb=1``: the mappings
-  come in 2 MiB pages, 512 times fewer faults; each step still zeroes its
-  buffer.
-- ``reuse``: also ``glibc.malloc.arena_max=1`` and ``glibc.malloc.mmap_max=0``
-  (every thread allocates from the main heap and never from a mapping of its
-  own: another thread's arena maps anything over 64 MiB whatever
-  ``mmap_max``) and ``glibc.malloc.trim_threshold=2**40`` (the heap keeps
-  what is freed): the next step's buffer reuses pages already faulted in, no
-  fault and no zeroing. For CPU training of models whose step buffers are
-  hundreds of MiB (``small`` and up). The cost: all threads share one malloc
-  lock, which slows host work (the ``tiny`` trainer's steps, input included,
-  by about 15%), and the process holds its peak memory until it exits (the
-  ``tiny`` Bayesian demo run: 3.4 against 2.3 GB).
+  come in 2 MiB pages, far fewer faults; each step still zeroes its buffer.
+  Needs glibc 2.35 or later and transparent huge pages in ``madvise`` (or
+  ``always``) mode.
+- ``reuse``: also ``glibc.malloc.arena_max=1``, ``glibc.malloc.mmap_max=0``
+  (every thread allocates from the main heap: another thread's arena would map
+  large blocks whatever ``mmap_max``) and ``glibc.malloc.trim_threshold=2**40``
+  (the heap keeps what is freed): the next step reuses pages already faulted
+  in. For CPU training of ``small`` and larger presets; all threads share one
+  malloc lock (slower host work) and the process holds its peak memory.
 - ``default``: glibc's own settings.
 
-The huge-page tunable needs glibc 2.35 or later and transparent huge pages in
-``madvise`` mode (the kernel's usual default; in ``always`` mode nothing need
-be asked).
-
-A program applies them by executing itself again (``exec_with_malloc_tunables``)
-before jax starts its runtime (importing jax first is safe, only slower: bench
-and step_profile pay about a second twice); tunables the user set are kept.
+``exec_with_malloc_tunables`` applies them by executing the program again
+before jax starts its runtime (importing jax first is safe, only slower);
+tunables the user set are kept.
 """
 
 from __future__ import annotations

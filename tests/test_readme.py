@@ -1,18 +1,72 @@
-"""Every Python example in the README runs as written."""
+"""The README is a short front door and every Python example in it and in docs/ runs.
+
+Each ```python block of README.md and docs/*.md runs as written, from the
+repository root (some read files under docs/); every relative markdown link
+of those pages points at a file that exists.
+"""
 
 import re
 from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+MAX_README_LINES = 250
+
+_PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", flags=re.DOTALL | re.MULTILINE)
+# [text](target), not images' or inline code's; the target up to a space or ')'.
+_LINK = re.compile(r"(?<!!)\[[^\]\n]*\]\(([^)\s]+)\)")
+
+
+def _name(page: Path) -> str:
+  return page.relative_to(ROOT).as_posix()
+
+
+def _blocks() -> list[tuple[str, str]]:
+  return [(f"{_name(page)}#{index}", code) for page in PAGES
+          for index, code in enumerate(_PYTHON_BLOCK.findall(page.read_text()))]
+
+
+BLOCKS = _blocks()
+
+
+def _relative_links(page: Path) -> list[str]:
+  text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.DOTALL | re.MULTILINE)
+  return [target for target in _LINK.findall(text)
+          if not re.match(r"[a-z][a-z0-9+.-]*:|#", target)]  # not http:, mailto:, #anchor
 
 
 def test_the_readme_has_examples():
-  assert len(BLOCKS) >= 2
+  assert len([name for name, _ in BLOCKS if name.startswith("README.md#")]) >= 1
+  assert len(BLOCKS) >= 4
 
 
-@pytest.mark.parametrize("index", range(len(BLOCKS)))
-def test_readme_example_runs(index):
-  exec(compile(BLOCKS[index], f"README.md python block {index}", "exec"), {})
+def test_the_readme_is_a_front_door():
+  lines = len(README.read_text().splitlines())
+  assert lines <= MAX_README_LINES, f"README.md has {lines} lines; at most {MAX_README_LINES}"
+
+
+def test_the_readme_maps_every_docs_page():
+  readme = README.read_text()
+  missing = [_name(page) for page in PAGES[1:] if f"]({_name(page)})" not in readme]
+  assert not missing, f"README.md links no line to {missing}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_name)
+def test_relative_links_resolve(page):
+  broken = [target for target in _relative_links(page)
+            if not (page.parent / target.split("#")[0]).exists()]
+  assert not broken, f"{_name(page)}: links to missing files {broken}"
+
+
+def test_the_link_check_sees_links():
+  assert "docs/layers.md" in _relative_links(README)
+  assert not (ROOT / "docs" / "docs/layers.md").exists()  # from docs/, repo paths need ../
+
+
+@pytest.mark.parametrize("name,code", BLOCKS, ids=[name for name, _ in BLOCKS])
+def test_python_example_runs(name, code, monkeypatch):
+  monkeypatch.chdir(ROOT)
+  exec(compile(code, name, "exec"), {"__name__": name})

@@ -1,68 +1,34 @@
 """Benchmarks of the cost of being Bayesian, as ratios measured in one run; prints a JSON report.
 
-Every figure compares two (or more) programs timed in the same process,
-alternating between them round after round so that machine load hits all
-sides alike; each side's time is its fastest round (background load only ever
-adds time), and the medians are reported too.
+Every figure compares programs timed in the same process, alternating round
+after round so that machine load hits all sides alike; each side's time is its
+fastest round, the medians reported too. The goals and the measured figures
+are in docs/performance.md.
 
 Sections (``--sections``, default all):
 
-- ``step``: the trainer's train step (``train_step.jit_train_step``) of one
-  preset, deterministic vs Bayesian (both AdamW), and the deterministic model
-  trained by IVON (``ivon_time_ratio``: IVON's step over AdamW's on the same
-  model, goal at most 1.10): time ratio, the ratio of the two
-  compiled steps' FLOPs and their quotient, the efficiency quotient (1 means
-  the Bayesian step costs exactly its extra arithmetic). FLOPs are counted in
-  the compiled programs with every loop iteration (``meshbayes.scaling.hlo``):
-  ``flop_ratio`` counts every operation as XLA does, ``matmul_flop_ratio``
-  matmuls alone. With ``--step_ivon_ablations``, also IVON's step without its
-  noise draw (zeros) and without its posterior-stddev metrics, compiled for
-  measurement only: where IVON's excess over AdamW goes.
-- ``layers``: forward + backward of one Dense layer per estimator
-  (deterministic, reparameterization, Flipout, local reparameterization):
-  loss = sum of outputs + KL, its value and the gradients of every
-  parameter; ratio to deterministic, next to the ratio of the compiled
-  programs' matmul FLOPs (the floor: 2.0 for Flipout and local
-  reparameterization, 1.0 for reparameterization), and ``floor``: that
-  matmul ratio plus each estimator's noise drawn alone (``noise_seconds``)
-  over the deterministic layer's time, what the estimator cannot go below
-  without a cheaper draw. Measured once per PRNG implementation in
-  ``--prng_impls`` (the key the layer samples from).
-- ``pipeline``: the input pipeline (``meshbayes.data.TaskData``) against the
-  trainer's consumption at a demo's settings, for each of ``--pipeline_tasks``:
-  ``tatoeba_enfr`` (``make demo``; needs ``make data``) and
-  ``synthetic_reverse`` (``make demo-synthetic``).
-- ``decode``: decoding throughput (``predict_batch_with_aux``) with the
-  posterior mean against Bayesian model averaging over S weight samples; and
-  the compiled decode's memory (XLA's memory analysis, no run) of the
-  ``--decode_memory_model`` preset for S in ``--decode_memory_samples``, with
-  the samples' weights stored (S copies) or regenerated at each step (one).
-- ``trainer``: the trainer's steady-state step time (``trainer.train`` on the
-  synthetic reverse task, its logged ``step_seconds`` over ``--trainer_steps``
-  steps after the first) against the bare compiled step's (the same program,
-  ``jit_train_step``, called back to back on one batch of the same shapes),
-  for each preset of ``--trainer_models`` at ``--step_batch`` x
-  ``--step_length`` tokens (vocabulary 128, the task's, padded). Goal:
-  ``overhead`` = trainer / bare - 1 at most 3%: metrics stay on the device
-  between logging steps, so the host dispatches ahead. ``input_seconds``: the
-  trainer's host-side input alone (the batch read and placed), per step: on a
-  CPU it runs on the cores the step uses, so it is the overhead's floor there.
-- ``resume``: seconds from opening the input to the end of the first train
-  step when a run of ``--resume_task``'s demo resumes at step
-  ``--resume_step``: with the input's position restored from the
-  checkpoint's iterator state, against skipping the batches consumed (the
-  previous version's ``ds.skip(n)``, and the fallback for checkpoints without
-  a state). The checkpoint holds a real input state (an iterator advanced
-  that many batches, saved through ``meshbayes.checkpoints``) and a dummy
-  train state; the step is compiled beforehand (``compile_seconds``, the same
-  for all).
+- ``step``: the trainer's train step of one preset, deterministic vs Bayesian
+  (AdamW) and IVON vs AdamW: time ratios, compiled FLOP ratios
+  (``meshbayes.scaling.hlo``) and their quotient, the efficiency quotient;
+  ``--step_ivon_ablations`` adds IVON without its noise draw and without its
+  stddev metrics.
+- ``layers``: forward + backward of one Dense layer per estimator against the
+  deterministic one, with its ``floor`` (matmul FLOP ratio plus the noise
+  drawn alone), for each PRNG implementation of ``--prng_impls``.
+- ``pipeline``: the input pipeline against the trainer's consumption, for
+  each task of ``--pipeline_tasks`` (``tatoeba_enfr`` needs ``make data``).
+- ``decode``: decoding with the posterior mean against model averaging over
+  S weight samples, and the compiled decode's memory per S.
+- ``trainer``: the trainer's steady-state step against the bare compiled step
+  (``overhead``) and its host input alone (``input_seconds``), per preset of
+  ``--trainer_models``.
+- ``resume``: seconds to the first step of a resumed run, the input position
+  restored from the checkpoint against skipping the consumed batches.
 
-On CPUs the step's time depends on how malloc serves the runtime's per-step
-buffers (``MESHBAYES_MALLOC``, ``meshbayes/host_memory.py``): ``make bench``
-runs ``step`` and ``layers`` with ``reuse`` and the rest with the default; the
-report's ``malloc`` says which tunables a run had.
+On CPUs the step time depends on ``MESHBAYES_MALLOC`` (``meshbayes/host_memory.py``);
+the report's ``malloc`` says which tunables a run had.
 
-  python -m meshbayes.tools.bench                      # all sections, a few minutes on CPU
+  python -m meshbayes.tools.bench                      # all sections
   python -m meshbayes.tools.bench --sections=layers --rows=2048 --in_features=1024 --out_features=4096
 """
 

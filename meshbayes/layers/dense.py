@@ -56,13 +56,11 @@ def _contract(inputs: Array, kernel: Array, *, axis: tuple[int, ...], precision:
               preferred_element_type: Any = None) -> Array:
   """Contracts ``axis`` of ``inputs`` with the leading axes of ``kernel``.
 
-  With the contracted axes last (the usual case) both operands are seen as
-  matrices, ``(rows, in) @ (in, out)``: the gradient of the kernel is then
-  ``inputs^T @ grad`` over the rows, which XLA's CPU backend computes without
-  first copying a transposed ``grad``. Contracting several leading axes
-  (batch and length) instead makes it materialize that transpose, inside
-  the fusion producing ``grad``, with reads a row apart: with power-of-two
-  widths, the slowest pass of a train step (measured: ``tools/step_profile.py``).
+  With the contracted axes last (the usual case) both operands are reshaped to
+  matrices, ``(rows, in) @ (in, out)``, so the kernel's gradient is one
+  ``inputs^T @ grad`` that needs no transposed copy of ``grad``
+  (docs/performance.md says what the copy cost). The result has the shape
+  ``lax.dot_general`` would give.
   """
   num = len(axis)
   if axis == tuple(range(inputs.ndim - num, inputs.ndim)) and inputs.ndim > num + 1:
