@@ -290,7 +290,8 @@ def best_step(run_dir: Path) -> int:
   """The step of the lowest validation NLL (the earliest among ties)."""
   curve = validation_curve(run_dir)
   if not curve:
-    raise ValueError(f"{run_dir} has no periodic validation (train.eval_period) to choose from")
+    raise ValueError(f"{run_dir} has no periodic validation (run_configs.EvaluationConfig.period) to "
+                     "choose from")
   return min(curve, key=lambda point: (point[1], point[0]))[0]
 
 
@@ -329,8 +330,9 @@ class Experiment:
     budget = self.budget
     return [f"--gin_file={gin_file}", *self._gin(
         f"MODEL_DIR='{run_dir}'", f"TRAIN_STEPS={budget.train_steps}",
-        f"train.eval_period={budget.eval_period}",
-        f"train.checkpoint_period={budget.eval_period}", "train.keep_checkpoints=None",
+        f"run_configs.EvaluationConfig.period={budget.eval_period}",
+        f"run_configs.CheckpointConfig.period={budget.eval_period}",
+        "run_configs.CheckpointConfig.keep=None",
         f"train.log_period={min(budget.eval_period, 50)}", *bindings)]
 
   def _eval_args(self, run_dir: Path, result_dir: Path, *bindings: str) -> list[str]:
