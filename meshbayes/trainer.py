@@ -238,12 +238,14 @@ def train(*, model_dir: str, model: BaseModel, data: TaskData, train_steps: int,
                                         checkpoint.async_save)
     cleanup.callback(ckpts.close)
     cleanup.callback(ckpts.wait)  # runs first: every started save lands, even on errors
-    return _run(_Run(model_dir, model, data, vocabulary, train_steps, seed, log_period,
-                     checkpoint, evaluation, input, partitioner, steps, abstract, shardings,
-                     ckpts, cleanup))
+    return _run(_Run(
+        model_dir=model_dir, model=model, data=data, vocabulary=vocabulary,
+        train_steps=train_steps, seed=seed, log_period=log_period, checkpoint=checkpoint,
+        evaluation=evaluation, input=input, partitioner=partitioner, steps=steps,
+        abstract=abstract, shardings=shardings, ckpts=ckpts, cleanup=cleanup))
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class _Run:
   """What ``train`` prepared for ``_run``: its settings and the objects built from them."""
   model_dir: epath.Path
