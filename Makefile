@@ -57,7 +57,7 @@ demo-synthetic: $(STAMP)
 	rm -rf runs/demo-synthetic
 	$(PY) -m meshbayes.train --gin_file=gin_configs/examples/tiny_synthetic_bayesian.gin \
 	  --gin.MODEL_DIR="'runs/demo-synthetic'" --gin.TRAIN_STEPS=1500 --gin.train.log_period=100 \
-	  --gin.train.eval_period=500
+	  --gin.run_configs.EvaluationConfig.period=500
 	$(PY) -m meshbayes.eval --gin_file=runs/eval.gin \
 	  --gin_file=tasks/synthetic.gin --gin.MODEL_DIR="'runs/demo-synthetic'" --gin.BATCH_SIZE=64 \
 	  --gin.evaluate.decode_method="'greedy'"

@@ -2,7 +2,9 @@
 
 Names in gin files: ``train``, ``evaluate``, ``infer`` (the entry points),
 ``data.TaskData``, ``data.train_set_size``, ``optimizers.Optimizer``,
-``optimizers.IVON``, ``optimizers.LearningRate``, ``optimizers.KLWeight``, and those of
+``optimizers.IVON``, ``optimizers.LearningRate``, ``optimizers.KLWeight``,
+``run_configs.CheckpointConfig``, ``run_configs.EvaluationConfig``,
+``run_configs.InputConfig`` (``train``'s grouped settings), and those of
 ``meshbayes.models.configurables`` and ``meshbayes.partitioning.configurables``.
 """
 
@@ -10,7 +12,7 @@ import gin
 
 import meshbayes.models.configurables  # noqa: F401
 import meshbayes.partitioning.configurables  # noqa: F401
-from meshbayes import data, evaluation, inference, optimizers, trainer
+from meshbayes import data, evaluation, inference, optimizers, run_configs, trainer
 
 gin.external_configurable(trainer.train, name="train")
 gin.external_configurable(evaluation.evaluate, name="evaluate")
@@ -19,3 +21,6 @@ gin.external_configurable(data.TaskData, module="data")
 gin.external_configurable(data.train_set_size, module="data")
 for _cls in (optimizers.Optimizer, optimizers.IVON, optimizers.LearningRate, optimizers.KLWeight):
   gin.external_configurable(_cls, module="optimizers")
+for _cls in (run_configs.CheckpointConfig, run_configs.EvaluationConfig,
+             run_configs.InputConfig):
+  gin.external_configurable(_cls, module="run_configs")

@@ -39,6 +39,21 @@ TRAINED_CONFIG = "config.gin"
 _TRAIN_ENTRY_POINT = "train"
 _REQUIRED = "gin.REQUIRED"
 
+# train's parameters that moved into its grouped settings (meshbayes.run_configs):
+# old parameter -> (configurable, parameter) to bind instead.
+MOVED_TRAIN_PARAMETERS = {
+    "checkpoint_period": ("run_configs.CheckpointConfig", "period"),
+    "keep_checkpoints": ("run_configs.CheckpointConfig", "keep"),
+    "async_checkpointing": ("run_configs.CheckpointConfig", "async_save"),
+    "initial_checkpoint": ("run_configs.CheckpointConfig", "initial_checkpoint"),
+    "initial_from_deterministic": ("run_configs.CheckpointConfig", "initial_from_deterministic"),
+    "moped_delta": ("run_configs.CheckpointConfig", "moped_delta"),
+    "fallback_on_corrupt_checkpoint": ("run_configs.CheckpointConfig", "fallback_on_corrupt"),
+    "eval_period": ("run_configs.EvaluationConfig", "period"),
+    "input_shards": ("run_configs.InputConfig", "shards"),
+    "num_microbatches": ("run_configs.InputConfig", "num_microbatches"),
+}
+
 
 # Finding gin files as gin does.
 
@@ -240,6 +255,31 @@ def _flag_bindings(flag: str, binding: str) -> list[_Binding]:
                      "@configurable() or %MACRO)") from None
 
 
+def _gin_value_text(value: Any) -> str:
+  if isinstance(value, _Reference):
+    return f"{value.kind}{value.name}" + ("()" if value.kind == "@" else "")
+  return repr(value)
+
+
+def check_moved_names(bindings: Sequence[_Binding]) -> None:
+  """Raises a one-line ValueError for a binding of one of ``train``'s former parameters
+  (``MOVED_TRAIN_PARAMETERS``), naming the binding that replaces it, in its own form."""
+  for binding in bindings:
+    if binding.is_macro or binding.selector.rsplit(".", 1)[-1] != _TRAIN_ENTRY_POINT:
+      continue
+    if binding.param not in MOVED_TRAIN_PARAMETERS:
+      continue
+    configurable, param = MOVED_TRAIN_PARAMETERS[binding.param]
+    value = _gin_value_text(binding.value)
+    if binding.where.startswith("--gin."):  # a string in the shell needs both quotes
+      shell_value = f'"{value}"' if isinstance(binding.value, str) else value
+      example = f"--gin.{configurable}.{param}={shell_value}"
+    else:
+      example = f"{configurable}.{param} = {value}"
+    raise ValueError(f"{binding.where}: {binding.selector}.{binding.param} moved: bind "
+                     f"{configurable}.{param} (e.g. {example})")
+
+
 def _macro_value(bindings: Sequence[_Binding], name: str) -> Any:
   values = [b.value for b in bindings if b.defines(_Reference("%", name))]
   return values[-1] if values else None
@@ -397,14 +437,16 @@ def checked_configuration(files: Sequence[str], flags: Sequence[tuple[str, str]]
     ``config.gin`` (empty unless ``model_from_model_dir`` and the file exists).
 
   Raises:
-    ValueError: a binding that cannot be parsed, a macro of the command line
-      that nothing refers to, or a ``%gin.REQUIRED`` macro left unset.
+    ValueError: a binding that cannot be parsed, one of ``train``'s former
+      parameters (``MOVED_TRAIN_PARAMETERS``), a macro of the command line that
+      nothing refers to, or a ``%gin.REQUIRED`` macro left unset.
     FileNotFoundError: a gin file found nowhere.
   """
   _safe_existence_checks()
   with quiet_search_misses():
     from_files = [b for name in files for b in _file_bindings(name, prefixes)]
   command_line = [b for flag, binding in flags for b in _flag_bindings(flag, binding)]
+  check_moved_names(from_files + command_line)
   model_dir = _macro_value(from_files + command_line, "MODEL_DIR")
   if model_from_model_dir:
     _check_trained_run(model_dir)

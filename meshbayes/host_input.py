@@ -50,7 +50,7 @@ class HostInput:
     if shards % hosts:
       raise ValueError(f"train: input_shards={shards} must be a multiple of the {hosts} "
                        "groups of hosts that feed different examples; set "
-                       "--gin.train.input_shards=N")
+                       "--gin.run_configs.InputConfig.shards=N")
     if self.layout.global_batch_size % shards:
       raise ValueError(f"train: input_shards={shards} must divide the global batch size "
                        f"{self.layout.global_batch_size}")

@@ -33,6 +33,7 @@ What keeps a model directory trustworthy:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -59,6 +60,7 @@ from meshbayes.metrics_writer import MetricsWriter, ProgressBar
 from meshbayes.optimizers import IVON_META, KLWeight, Optimizer
 from meshbayes.posterior_diagnostics import median_stddevs
 from meshbayes.preemption import STOP_EXIT_CODES, STOP_SIGNALS
+from meshbayes.run_configs import CheckpointConfig, EvaluationConfig, InputConfig
 from meshbayes.run_lock import RunLock
 from meshbayes.train_step import (
   STATE_IS_FINITE,
@@ -167,20 +169,23 @@ def _lock_model_dir(model_dir: epath.Path) -> RunLock | None:
   return lock
 
 
-def _check_positive_int(name: str, value: Any, allow_zero: bool = False) -> None:
-  if not isinstance(value, int) or isinstance(value, bool) or value < (0 if allow_zero else 1):
-    kind = "non-negative" if allow_zero else "positive"
-    raise ValueError(f"train: {name}={value!r} must be a {kind} int")
+def _check_positive_int(name: str, value: Any) -> None:
+  if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    raise ValueError(f"train: {name}={value!r} must be a positive int")
+
+
+def _check_config(name: str, value: Any, kind: type) -> None:
+  if not isinstance(value, kind):
+    raise ValueError(f"train: {name}={value!r} must be a {kind.__name__} (bind "
+                     f"train.{name} = @run_configs.{kind.__name__}())")
 
 
 def train(*, model_dir: str, model: BaseModel, data: TaskData, train_steps: int,
           partitioner: Partitioner | None = None, optimizer: Optimizer = Optimizer(),
-          kl_weight: KLWeight = KLWeight(), seed: int = 0, num_microbatches: int = 1,
-          log_period: int = 10, eval_period: int = 0, checkpoint_period: int = 100,
-          keep_checkpoints: int | None = 3, async_checkpointing: bool = True,
-          initial_checkpoint: str | None = None, initial_from_deterministic: bool = False,
-          moped_delta: float = 0.1, input_shards: int | None = None,
-          fallback_on_corrupt_checkpoint: bool = False) -> TrainState:
+          kl_weight: KLWeight = KLWeight(), seed: int = 0, log_period: int = 10,
+          checkpoint: CheckpointConfig = CheckpointConfig(),
+          evaluation: EvaluationConfig = EvaluationConfig(),
+          input: InputConfig = InputConfig()) -> TrainState:
   """Trains ``model`` on ``data`` for ``train_steps`` steps, resuming from ``model_dir``.
 
   Args:
@@ -193,39 +198,24 @@ def train(*, model_dir: str, model: BaseModel, data: TaskData, train_steps: int,
     optimizer: optimizer and learning-rate schedule.
     kl_weight: KL weight schedule (annealing).
     seed: seed of initialization, dropout and weight noise.
-    num_microbatches: gradient accumulation.
     log_period: steps between metric writes and progress lines.
-    eval_period: steps between teacher-forced evaluations on the validation split, each
-      with the posterior's median stddev per layer group (0: none).
-    checkpoint_period: steps between checkpoints (a final one is always saved).
-    keep_checkpoints: keep the newest N >= 1 checkpoints (None: all); the
-      final one is always kept.
-    async_checkpointing: save in the background.
-    initial_checkpoint: a checkpoint (model dir, checkpoints dir or step dir)
-      to take the parameters from when ``model_dir`` has none.
-    initial_from_deterministic: ``initial_checkpoint`` is of the deterministic
-      twin: set posterior means to its weights and stddevs to
-      ``moped_delta * |w|`` (MOPED).
-    moped_delta: see ``initial_from_deterministic``.
-    input_shards: shards the training split is read as (``HostInput``); the
-      batches depend on it, not on the number of processes. None: the
-      resumed checkpoint's, else one per group of hosts feeding distinct
-      examples (1 on a single host).
-    fallback_on_corrupt_checkpoint: when the newest checkpoint is corrupt or
-      incomplete, set it aside as ``<step>.corrupt`` and resume from the newest
-      one that verifies; default: stop with a one-line error.
+    checkpoint: when checkpoints are saved and kept, and where a new run's
+      parameters come from (``run_configs.CheckpointConfig``).
+    evaluation: the validation passes during training
+      (``run_configs.EvaluationConfig``).
+    input: how the training split is read and each batch split
+      (``run_configs.InputConfig``).
 
   Returns:
     The final train state.
   """
-  for name, value in (("train_steps", train_steps), ("log_period", log_period),
-                      ("checkpoint_period", checkpoint_period),
-                      ("num_microbatches", num_microbatches)):
+  for name, value in (("train_steps", train_steps), ("log_period", log_period)):
     _check_positive_int(name, value)
-  _check_positive_int("eval_period", eval_period, allow_zero=True)
-  if keep_checkpoints is not None:
-    _check_positive_int("keep_checkpoints", keep_checkpoints)
-  steps = StepFunctions.build(model, optimizer, kl_weight, seed, num_microbatches)
+  for name, value, kind in (("checkpoint", checkpoint, CheckpointConfig),
+                            ("evaluation", evaluation, EvaluationConfig),
+                            ("input", input, InputConfig)):
+    _check_config(name, value, kind)
+  steps = StepFunctions.build(model, optimizer, kl_weight, seed, input.num_microbatches)
   model_dir = _make_model_dir(model_dir)
   vocabulary = _check_vocabulary(model, data)
   partitioner = partitioner or Partitioner()
@@ -239,24 +229,44 @@ def train(*, model_dir: str, model: BaseModel, data: TaskData, train_steps: int,
     if lock is not None:
       cleanup.callback(lock.release)
       STOP_SIGNALS.at_quick_exit(lock.release)
-    ckpts = checkpoints_lib.Checkpoints(model_dir / "checkpoints", keep_checkpoints,
-                                        async_checkpointing)
+    ckpts = checkpoints_lib.Checkpoints(model_dir / "checkpoints", checkpoint.keep,
+                                        checkpoint.async_save)
     cleanup.callback(ckpts.close)
     cleanup.callback(ckpts.wait)  # runs first: every started save lands, even on errors
-    return _run(model_dir, model, data, vocabulary, train_steps, partitioner, steps, abstract,
-                shardings, ckpts, cleanup, log_period, eval_period, checkpoint_period, seed,
-                initial_checkpoint, initial_from_deterministic, moped_delta, input_shards,
-                fallback_on_corrupt_checkpoint)
+    return _run(_Run(
+        model_dir=model_dir, model=model, data=data, vocabulary=vocabulary,
+        train_steps=train_steps, seed=seed, log_period=log_period, checkpoint=checkpoint,
+        evaluation=evaluation, input=input, partitioner=partitioner, steps=steps,
+        abstract=abstract, shardings=shardings, ckpts=ckpts, cleanup=cleanup))
 
 
-def _run(model_dir: epath.Path, model: BaseModel, data: TaskData, vocabulary: str,
-         train_steps: int, partitioner: Partitioner, steps: StepFunctions,
-         abstract: TrainState, shardings: Any, ckpts: checkpoints_lib.Checkpoints,
-         cleanup: contextlib.ExitStack, log_period: int, eval_period: int,
-         checkpoint_period: int, seed: int, initial_checkpoint: str | None,
-         initial_from_deterministic: bool, moped_delta: float, input_shards: int | None,
-         fallback: bool) -> TrainState:
-  """Restores or initializes the state, then trains to ``train_steps``."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Run:
+  """What ``train`` prepared for ``_run``: its settings and the objects built from them."""
+  model_dir: epath.Path
+  model: BaseModel
+  data: TaskData
+  vocabulary: str
+  train_steps: int
+  seed: int
+  log_period: int
+  checkpoint: CheckpointConfig
+  evaluation: EvaluationConfig
+  input: InputConfig
+  partitioner: Partitioner
+  steps: StepFunctions
+  abstract: TrainState
+  shardings: Any
+  ckpts: checkpoints_lib.Checkpoints
+  cleanup: contextlib.ExitStack
+
+
+def _run(run: _Run) -> TrainState:
+  """Restores or initializes the state, then trains to ``run.train_steps``."""
+  model_dir, model, data, vocabulary = run.model_dir, run.model, run.data, run.vocabulary
+  train_steps, partitioner, steps, ckpts = run.train_steps, run.partitioner, run.steps, run.ckpts
+  abstract, shardings, log_period = run.abstract, run.shardings, run.log_period
+  fallback, input_shards = run.checkpoint.fallback_on_corrupt, run.input.shards
   layout = partitioner.data_layout(data.batch_size)
   latest = ckpts.latest_step()
   if latest is not None:
@@ -276,11 +286,10 @@ def _run(model_dir: epath.Path, model: BaseModel, data: TaskData, vocabulary: st
          f"{' x '.join(f'{k}={v}' for k, v in partitioner.mesh.shape.items())} mesh")
     state, _ = partitioner.init(
         lambda k: init_train_state(model, steps.optimizer, data.input_shapes(), k),
-        jax.random.key(seed))
+        jax.random.key(run.seed))
     data_position = 0
-    if initial_checkpoint:
-      state = _initial_parameters(state, abstract, initial_checkpoint,
-                                  initial_from_deterministic, moped_delta, partitioner)
+    if run.checkpoint.initial_checkpoint:
+      state = _initial_parameters(state, abstract, run.checkpoint, partitioner)
   if input_shards is None:
     input_shards = layout.num_shards
   host_input = HostInput(data, layout, input_shards)
@@ -299,8 +308,8 @@ def _run(model_dir: epath.Path, model: BaseModel, data: TaskData, vocabulary: st
 
   writer = MetricsWriter(model_dir / "train", model_dir / "metrics.jsonl")
   eval_writer = MetricsWriter(model_dir / "eval", model_dir / "eval" / "metrics.jsonl")
-  cleanup.callback(writer.close)
-  cleanup.callback(eval_writer.close)
+  run.cleanup.callback(writer.close)
+  run.cleanup.callback(eval_writer.close)
   progress = ProgressBar(train_steps, start)
   eval_fn = jax.jit(steps.eval_step, in_shardings=(
       shardings.params, NamedSharding(partitioner.mesh, partitioner.batch_spec)))
@@ -345,8 +354,8 @@ def _run(model_dir: epath.Path, model: BaseModel, data: TaskData, vocabulary: st
     if step > start + 1:
       window_tokens += float(np.sum(host_batch["decoder_loss_weights"])) * jax.process_count()
     logs = step % log_period == 0 or step == train_steps
-    evaluates = bool(eval_period) and step % eval_period == 0
-    saves = step % checkpoint_period == 0 or step == train_steps
+    evaluates = bool(run.evaluation.period) and step % run.evaluation.period == 0
+    saves = step % run.checkpoint.period == 0 or step == train_steps
     stop = STOP_SIGNALS.received
     if not (logs or evaluates or saves or stop or step == start + 1):
       continue
@@ -428,11 +437,12 @@ def _open_input(host_input: HostInput, ckpts: checkpoints_lib.Checkpoints,
   return batches
 
 
-def _initial_parameters(state: TrainState, abstract: TrainState, path: str,
-                        from_deterministic: bool, delta: float,
+def _initial_parameters(state: TrainState, abstract: TrainState, config: CheckpointConfig,
                         partitioner: Partitioner) -> TrainState:
-  """The state with parameters from ``path`` (MOPED when it is the deterministic twin's)."""
-  step_dir = checkpoints_lib.find_step_dir(path)
+  """The state with parameters from ``config.initial_checkpoint`` (MOPED when it is the
+  deterministic twin's)."""
+  step_dir = checkpoints_lib.find_step_dir(config.initial_checkpoint)
+  from_deterministic, delta = config.initial_from_deterministic, config.moped_delta
   target = partitioner.placed({"params": abstract.params})
   if not from_deterministic:
     params = checkpoints_lib.restore_subtree(step_dir, target)["params"]

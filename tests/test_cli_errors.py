@@ -11,7 +11,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from meshbayes import distributed, launch, partitioning
+from meshbayes import distributed, gin_preflight, launch, partitioning
 from meshbayes.tools import inspect_partitioning
 from tests.trainer.runs import EXAMPLES, ROOT, train_args
 
@@ -237,3 +237,49 @@ def test_a_task_file_before_the_run_file_is_told_as_the_order(capsys):
 def test_bad_optimizer_values_name_only_the_bad_one(tmp_path, capsys, binding, message):
   code, _, line, _ = train(capsys, *train_args(tmp_path / "run", 2), binding)
   assert code == 1 and line == f"meshbayes.train: error: {message}"
+
+
+def _moved_error(files, *bindings):
+  """The ValueError of ``gin_preflight`` for a tiny run's configuration plus ``bindings``."""
+  flags = [(f"--gin.{b}", b.replace("=", " = ", 1)) for b in
+           ("MODEL_DIR='runs/x'", "TRAIN_STEPS=2", *bindings)]
+  with pytest.raises(ValueError) as error:
+    gin_preflight.checked_configuration([EXAMPLE.split("=", 1)[1], *files], flags,
+                                        gin_preflight.search_prefixes([]), "train", False)
+  return str(error.value)
+
+
+def test_a_moved_train_parameter_names_its_new_binding(tmp_path):
+  assert _moved_error([], "train.checkpoint_period=50") == (
+      "--gin.train.checkpoint_period=50: train.checkpoint_period moved: bind "
+      "run_configs.CheckpointConfig.period (e.g. --gin.run_configs.CheckpointConfig.period=50)")
+  assert _moved_error([], "train.initial_checkpoint='runs/det'").endswith(
+      "bind run_configs.CheckpointConfig.initial_checkpoint (e.g. "
+      "--gin.run_configs.CheckpointConfig.initial_checkpoint=\"'runs/det'\")")
+  # In a gin file: its line, and the gin line to write instead.
+  (tmp_path / "old.gin").write_text("train.log_period = 5\ntrain.eval_period = 250\n")
+  assert _moved_error([str(tmp_path / "old.gin")]) == (
+      f"{tmp_path / 'old.gin'}:2: train.eval_period moved: bind "
+      "run_configs.EvaluationConfig.period (e.g. run_configs.EvaluationConfig.period = 250)")
+
+
+def test_the_moved_names_are_gone_from_train_and_name_real_fields():
+  import dataclasses
+  import inspect
+
+  from meshbayes import run_configs, trainer
+
+  assert len(inspect.signature(trainer.train).parameters) <= 12
+  for old, (configurable, param) in gin_preflight.MOVED_TRAIN_PARAMETERS.items():
+    assert old not in inspect.signature(trainer.train).parameters
+    fields = dataclasses.fields(getattr(run_configs, configurable.split(".")[1]))
+    assert param in {f.name for f in fields}, (old, configurable, param)
+
+
+def test_a_moved_train_parameter_on_the_command_line(tmp_path, capsys):
+  code, _, line, _ = train(capsys, *train_args(tmp_path / "run", 2),
+                           "--gin.train.keep_checkpoints=None")
+  assert code == 1 and line == (
+      "meshbayes.train: error: --gin.train.keep_checkpoints=None: train.keep_checkpoints moved: "
+      "bind run_configs.CheckpointConfig.keep (e.g. --gin.run_configs.CheckpointConfig.keep="
+      "None)")

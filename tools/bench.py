@@ -438,6 +438,7 @@ def trainer_against_bare_step(model_name: str, num_steps: int, batch_size: int, 
   """Seconds per step of the trainer's loop and of its compiled step alone, same program."""
   import tempfile
   from meshbayes import trainer
+  from meshbayes.run_configs import CheckpointConfig
   from meshbayes.data import TaskData
   from meshbayes.host_input import HostInput
   from meshbayes.partitioning import Partitioner
@@ -472,8 +473,8 @@ def trainer_against_bare_step(model_name: str, num_steps: int, batch_size: int, 
       # Step 1 compiles; steps 2..num_steps + 1 are the logged window.
       trainer.train(model_dir=model_dir, model=build_steps(spec)[0], data=data,
                     train_steps=num_steps + 1, partitioner=partitioner,
-                    log_period=num_steps + 1, checkpoint_period=num_steps + 1,
-                    async_checkpointing=False)
+                    log_period=num_steps + 1,
+                    checkpoint=CheckpointConfig(period=num_steps + 1, async_save=False))
       logged = json.loads((Path(model_dir) / "metrics.jsonl").read_text().splitlines()[0])
     return logged["step_seconds"]
 

@@ -202,8 +202,9 @@ class Experiment:
     budget = self.budget
     return [f"--gin_file={gin_file}", *self._gin(
         f"MODEL_DIR='{run_dir}'", f"TRAIN_STEPS={budget.train_steps}",
-        f"train.eval_period={budget.eval_period}",
-        f"train.checkpoint_period={budget.eval_period}", "train.keep_checkpoints=None",
+        f"run_configs.EvaluationConfig.period={budget.eval_period}",
+        f"run_configs.CheckpointConfig.period={budget.eval_period}",
+        "run_configs.CheckpointConfig.keep=None",
         f"train.log_period={min(budget.eval_period, 50)}", *bindings)]
 
   def _eval_args(self, run_dir: Path, result_dir: Path, *bindings: str) -> list[str]:

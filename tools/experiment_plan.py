@@ -153,7 +153,8 @@ def best_step(run_dir: Path) -> int:
   """The step of the lowest validation NLL (the earliest among ties)."""
   curve = validation_curve(run_dir)
   if not curve:
-    raise ValueError(f"{run_dir} has no periodic validation (train.eval_period) to choose from")
+    raise ValueError(f"{run_dir} has no periodic validation "
+                     "(run_configs.EvaluationConfig.period) to choose from")
   return min(curve, key=lambda point: (point[1], point[0]))[0]
 
 

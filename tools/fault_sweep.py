@@ -62,7 +62,7 @@ def train_args(model_dir: Path, steps: int, *gin_files: str) -> list[str]:
   example file or ``gin_files``."""
   return [sys.executable, "-m", "meshbayes.train", *(gin_files or [f"--gin_file={EXAMPLE}"]),
           f"--gin.MODEL_DIR='{model_dir}'", f"--gin.TRAIN_STEPS={steps}", "--gin.BATCH_SIZE=8",
-          f"--gin.train.checkpoint_period={CHECKPOINT_PERIOD}", "--gin.train.log_period=4",
+          f"--gin.run_configs.CheckpointConfig.period={CHECKPOINT_PERIOD}", "--gin.train.log_period=4",
           "--gin.models.EncoderDecoderModel.num_train_units=450000"]
 
 
@@ -296,13 +296,14 @@ BAD_INPUTS = (
     BadInput("negative train steps", ("--gin.TRAIN_STEPS=-3",)),
     BadInput("mesh size as a string", ("--gin.partitioning.Partitioner.data='4'",)),
     BadInput("MODEL_DIR is a file", prepare=_replace_with_file),
-    BadInput("keep_checkpoints=0", ("--gin.train.keep_checkpoints=0",)),
+    BadInput("CheckpointConfig.keep=0", ("--gin.run_configs.CheckpointConfig.keep=0",)),
     BadInput("learning rate 1e39 (non-finite state)", ("--gin.optimizers.LearningRate.base=1e39",)),
     BadInput("BATCH_SIZE changed on resume", ("--gin.BATCH_SIZE=16",)),
     BadInput("a model that does not fit the checkpoint",
              ("--gin.models.TransformerConfig.emb_dim=48",)),
     BadInput("a byte flipped in each array data file", prepare=_flip_array_bytes),
-    BadInput("a half-deleted old step directory", ("--gin.train.keep_checkpoints=None",),
+    BadInput("a half-deleted old step directory",
+             ("--gin.run_configs.CheckpointConfig.keep=None",),
              prepare=_half_delete_oldest, expected="exit 0, incomplete step removed"),
     BadInput("TRAIN_STEPS=0", ("--gin.TRAIN_STEPS=0",)),
     BadInput("clip_gradient_norm=None", ("--gin.optimizers.Optimizer.clip_gradient_norm=None",)),

@@ -37,7 +37,7 @@ LOST_PEER_BOUND_SECONDS = HEARTBEAT_SECONDS + 50
 
 def _args(model_dir, steps=STEPS, *bindings):
   return train_args(model_dir, steps, "--gin.train.log_period=1",
-                    "--gin.train.checkpoint_period=2", *bindings)
+                    "--gin.run_configs.CheckpointConfig.period=2", *bindings)
 
 
 def _environment():
@@ -99,13 +99,14 @@ def runs(tmp_path_factory):
   """The same training as 2 processes x 4 devices and as 1 process x 8 devices.
 
   The single process reads the input as 2 shards, as the two processes do
-  (``train.input_shards``), so both see the same global batches.
+  (``run_configs.InputConfig.shards``), so both see the same global batches.
   """
   root = tmp_path_factory.mktemp("multihost")
   two, one = root / "two", root / "one"
   status, output = _two_processes(_args(two))
   assert status == 0, output[-3000:]
-  status, single_output = _one_process(_args(one, STEPS, "--gin.train.input_shards=2"))
+  status, single_output = _one_process(_args(one, STEPS,
+                                                    "--gin.run_configs.InputConfig.shards=2"))
   assert status == 0, single_output[-3000:]
   return root, two, one, output
 

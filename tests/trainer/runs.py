@@ -15,7 +15,7 @@ TOOLS = ROOT / "tools"
 def train_args(model_dir, steps, *bindings, kind="bayesian"):
   return [f"--gin_file={EXAMPLES / f'tiny_synthetic_{kind}.gin'}",
           f"--gin.MODEL_DIR='{model_dir}'", f"--gin.TRAIN_STEPS={steps}", "--gin.BATCH_SIZE=8",
-          "--gin.train.checkpoint_period=4", "--gin.train.log_period=2",
+          "--gin.run_configs.CheckpointConfig.period=4", "--gin.train.log_period=2",
           # Skip counting the training split's tokens (seconds per process).
           "--gin.models.EncoderDecoderModel.num_train_units=450000", *bindings]
 

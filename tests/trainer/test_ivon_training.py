@@ -29,7 +29,8 @@ def straight(tmp_path_factory):
   """8 IVON steps in one run."""
   model_dir = tmp_path_factory.mktemp("ivon") / "straight"
   try:
-    launch.run("meshbayes.train", "train", ivon_args(model_dir, 8, "--gin.train.eval_period=8"))
+    launch.run("meshbayes.train", "train", ivon_args(
+        model_dir, 8, "--gin.run_configs.EvaluationConfig.period=8"))
   except SystemExit as exit_:
     assert not exit_.code
   return model_dir

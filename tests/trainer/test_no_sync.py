@@ -21,7 +21,8 @@ def test_metrics_are_read_only_at_steps_that_log_or_save(tmp_path, monkeypatch):
   monkeypatch.setattr(trainer, "read_metrics", recording)
   try:
     launch.run("meshbayes.train", "train", train_args(
-        tmp_path / "run", 8, "--gin.train.log_period=4", "--gin.train.checkpoint_period=8",
+        tmp_path / "run", 8, "--gin.train.log_period=4",
+        "--gin.run_configs.CheckpointConfig.period=8",
         kind="deterministic"))
   except SystemExit as exit_:
     pytest.fail(f"training failed with {exit_.code}")

@@ -44,7 +44,8 @@ def saved_steps(model_dir):
 
 def test_a_non_finite_state_is_never_saved(run_dir, capsys):
   """Learning rate 1e39: step 5's loss (before the update) is finite, its new state is not."""
-  code, _, err = train(capsys, *train_args(run_dir, 8), "--gin.train.checkpoint_period=1",
+  code, _, err = train(capsys, *train_args(run_dir, 8),
+                       "--gin.run_configs.CheckpointConfig.period=1",
                        "--gin.optimizers.LearningRate.base=1e39")
   assert code == 1
   assert re.search(
@@ -208,7 +209,7 @@ def test_a_signal_at_the_end_of_a_run_is_a_clean_exit(tmp_path):
 def test_sigint_saves_the_last_step_like_sigterm(tmp_path, start_training):
   model_dir = tmp_path / "run"
   process = start_training(model_dir, "--gin.train.log_period=1",
-                           "--gin.train.checkpoint_period=100000")
+                           "--gin.run_configs.CheckpointConfig.period=100000")
   wait_for_line(process, " 3/100000 [")
   code, _, out, err = stop(process, signal.SIGINT)
   assert code == 130, err[-2000:]
@@ -221,7 +222,7 @@ def test_sigint_saves_the_last_step_like_sigterm(tmp_path, start_training):
 @pytest.mark.slow  # two training processes
 def test_kill_9_leaves_a_lock_that_the_next_run_takes_over(tmp_path, start_training):
   model_dir = tmp_path / "run"
-  process = start_training(model_dir, "--gin.train.checkpoint_period=2")
+  process = start_training(model_dir, "--gin.run_configs.CheckpointConfig.period=2")
   wait_for_line(process, " 6/100000 [")  # the save of step 4 waited for that of step 2
   process.kill()
   process.communicate()
@@ -236,7 +237,8 @@ def test_kill_9_leaves_a_lock_that_the_next_run_takes_over(tmp_path, start_train
 
 @pytest.mark.slow  # two starts that train (about a minute)
 def test_a_corrupt_newest_checkpoint_stops_the_run_unless_fallback_is_asked(run_dir, capsys):
-  code, _, err = train(capsys, *train_args(run_dir, 5), "--gin.train.checkpoint_period=1")
+  code, _, err = train(capsys, *train_args(run_dir, 5),
+                       "--gin.run_configs.CheckpointConfig.period=1")
   assert code == 0, err[-2000:]
   # With 8 devices some data files hold bytes no array reads (which ones depends on the
   # save's timing): flip 16 bytes spread over each file.
@@ -251,7 +253,7 @@ def test_a_corrupt_newest_checkpoint_stops_the_run_unless_fallback_is_asked(run_
   assert saved_steps(run_dir) == [4, 5]
 
   code, out, err = train(capsys, *train_args(run_dir, 6),
-                         "--gin.train.fallback_on_corrupt_checkpoint=True")
+                         "--gin.run_configs.CheckpointConfig.fallback_on_corrupt=True")
   assert code == 0, err[-2000:]
   assert "falling back to the checkpoint before it" in out
   assert saved_steps(run_dir) == [4, 6]

@@ -49,7 +49,7 @@ def test_sigterm_saves_the_last_step_and_the_run_resumes(tmp_path):
   process = subprocess.Popen(
       [sys.executable, "-m", "meshbayes.train",
        *train_args(model_dir, 100_000, "--gin.train.log_period=1",
-                   "--gin.train.checkpoint_period=100000")],
+                   "--gin.run_configs.CheckpointConfig.period=100000")],
       cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   metrics = model_dir / "metrics.jsonl"
   deadline = time.monotonic() + 300

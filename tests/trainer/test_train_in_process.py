@@ -185,8 +185,9 @@ def test_bayesian_start_from_a_deterministic_checkpoint_is_moped(tmp_path, capsy
   assert train(capsys, *train_args(deterministic, 4, kind="deterministic"))[0] == 0
   bayesian = tmp_path / "bayesian"
   code, out, err = train(capsys, *train_args(
-      bayesian, 1, f"--gin.train.initial_checkpoint='{deterministic}'",
-      "--gin.train.initial_from_deterministic=True", "--gin.train.moped_delta=0.1",
+      bayesian, 1, f"--gin.run_configs.CheckpointConfig.initial_checkpoint='{deterministic}'",
+      "--gin.run_configs.CheckpointConfig.initial_from_deterministic=True",
+      "--gin.run_configs.CheckpointConfig.moped_delta=0.1",
       # A vanishing learning rate: after one step the parameters are the initial ones.
       "--gin.optimizers.LearningRate.base=1e-30"))
   assert code == 0, err[-2000:]

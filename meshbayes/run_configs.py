@@ -1,0 +1,106 @@
+"""The grouped settings of a training run (T5X style): checkpoints, evaluation, input.
+
+``meshbayes.trainer.train`` takes one of each; gin files bind them as
+``train.checkpoint = @run_configs.CheckpointConfig()`` and set their fields as
+``run_configs.CheckpointConfig.period = 100``. Each checks its values when built, so
+a bad one is a one-line ValueError naming it before anything is loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+def _is_int(value: Any) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_positive_int(owner: str, name: str, value: Any, allow_zero: bool = False) -> None:
+  if not _is_int(value) or value < (0 if allow_zero else 1):
+    kind = "non-negative" if allow_zero else "positive"
+    raise ValueError(f"{owner}: {name}={value!r} must be a {kind} int")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+  """When checkpoints are saved and kept, and where a new run's parameters come from.
+
+  Attributes:
+    period: steps between checkpoints (a final one is always saved).
+    keep: keep the newest N >= 1 checkpoints (None: all); the final one is
+      always kept.
+    async_save: save in the background.
+    initial_checkpoint: a checkpoint (model dir, checkpoints dir or step dir)
+      to take the parameters from when ``model_dir`` has none.
+    initial_from_deterministic: ``initial_checkpoint`` is of the deterministic
+      twin: set posterior means to its weights and stddevs to
+      ``moped_delta * |w|`` (MOPED).
+    moped_delta: see ``initial_from_deterministic``.
+    fallback_on_corrupt: when the newest checkpoint is corrupt or incomplete,
+      set it aside as ``<step>.corrupt`` and resume from the newest one that
+      verifies; default: stop with a one-line error.
+  """
+
+  period: int = 100
+  keep: int | None = 3
+  async_save: bool = True
+  initial_checkpoint: str | None = None
+  initial_from_deterministic: bool = False
+  moped_delta: float = 0.1
+  fallback_on_corrupt: bool = False
+
+  def __post_init__(self):
+    _check_positive_int("CheckpointConfig", "period", self.period)
+    if self.keep is not None:
+      _check_positive_int("CheckpointConfig", "keep", self.keep)
+    for name in ("async_save", "initial_from_deterministic", "fallback_on_corrupt"):
+      if not isinstance(getattr(self, name), bool):
+        raise ValueError(f"CheckpointConfig: {name}={getattr(self, name)!r} must be True or "
+                         "False")
+    if self.initial_checkpoint is not None and not isinstance(self.initial_checkpoint, str):
+      raise ValueError(f"CheckpointConfig: initial_checkpoint={self.initial_checkpoint!r} must "
+                       "be a path (a string) or None")
+    if self.initial_from_deterministic and not self.initial_checkpoint:
+      raise ValueError("CheckpointConfig: initial_from_deterministic=True needs an "
+                       "initial_checkpoint (the deterministic twin's)")
+    if (not isinstance(self.moped_delta, (int, float)) or isinstance(self.moped_delta, bool)
+        or not self.moped_delta > 0):
+      raise ValueError(f"CheckpointConfig: moped_delta={self.moped_delta!r} must be a number > 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluationConfig:
+  """The teacher-forced evaluations on the validation split during training.
+
+  Attributes:
+    period: steps between evaluations, each with the posterior's median stddev
+      per layer group (0: none).
+  """
+
+  period: int = 0
+
+  def __post_init__(self):
+    _check_positive_int("EvaluationConfig", "period", self.period, allow_zero=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class InputConfig:
+  """How the training batches are read and fed to the train step.
+
+  Attributes:
+    shards: shards the training split is read as (``HostInput``); the batches
+      depend on it, not on the number of processes. None: the resumed
+      checkpoint's, else one per group of hosts feeding distinct examples (1
+      on a single host).
+    num_microbatches: each batch is split into this many microbatches whose
+      gradients are accumulated (1: none).
+  """
+
+  shards: int | None = None
+  num_microbatches: int = 1
+
+  def __post_init__(self):
+    if self.shards is not None:
+      _check_positive_int("InputConfig", "shards", self.shards)
+    _check_positive_int("InputConfig", "num_microbatches", self.num_microbatches)
