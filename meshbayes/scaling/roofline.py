@@ -383,32 +383,6 @@ def predict(record: Mapping[str, Any], hardware_spec: Hardware | None = None,
       mfu=model_flops / (step * hw.peak_flops_per_device), communication_model=model)
 
 
-def seconds_by_work_kind(operations: Mapping[str, Mapping[str, float]], matmul_flops: float,
-                         hw: Hardware) -> dict[str, float]:
-  """``predict``'s local time (``t_c + t_m``) split by ``WORK_KINDS``, per device and step.
-
-  Args:
-    operations: ``program_profile``'s ``operations_per_device``.
-    matmul_flops: the program's matmul FLOPs per device (``hlo.analyze``).
-    hw: the chip.
-
-  Matmul operations take the longer of their FLOPs at peak and their bytes at
-  the HBM bandwidth; every other kind its bytes at the HBM bandwidth (a
-  collective's local reads and writes; its transfer is ``t_n``). The values
-  add up to ``t_c + t_m`` of a record with the same profile.
-  """
-  if not matmul_flops >= 0:
-    raise ValueError(f"roofline: matmul_flops={matmul_flops!r} must be >= 0")
-  missing = [kind for kind in WORK_KINDS if kind not in operations]
-  if missing:
-    raise ValueError(f"roofline: operations lack {missing}; expected program_profile's "
-                     f"operations_per_device with {', '.join(WORK_KINDS)}")
-  bandwidth = hw.hbm_bytes_per_second_per_device
-  seconds = {kind: operations[kind]["bytes"] / bandwidth for kind in WORK_KINDS}
-  seconds["matmul"] = max(matmul_flops / hw.peak_flops_per_device, seconds["matmul"])
-  return seconds
-
-
 def predictions(record: Mapping[str, Any]) -> dict[str, dict[str, Any]] | None:
   """Both overlaps for the record's own generation, as JSON; None when there is none to make."""
   if not record.get("flops_per_device") or record.get("generation") not in HARDWARE:

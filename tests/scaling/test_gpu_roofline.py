@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from meshbayes.scaling import hlo, kernels, roofline
+from meshbayes.scaling import kernels, roofline
 
 H200 = pathlib.Path(__file__).parent / "data" / "h200"
 
@@ -17,14 +17,10 @@ def base_det() -> str:
 
 
 def test_base_det_prediction_on_h200_is_the_published_one(base_det):
-  hw = roofline.HARDWARE["h200"]
-  flops = hlo.analyze(base_det).matmul_flops
-  profile = roofline.program_profile(base_det, {"data": 1})
-  record = {"flops_per_device": flops, "hbm_bytes_per_device": profile["hbm_bytes_per_device"],
-            "collective_groups": profile["collective_groups"], "batch_size": 32,
-            "input_length": 256, "target_length": 256, "cores": 1}
-  prediction = roofline.predict(record, hw)
-  by_kind = roofline.seconds_by_work_kind(profile["operations_per_device"], flops, hw)
+  record = roofline.program_record(base_det, "h200", batch_size=32, input_length=256,
+                                   target_length=256)
+  prediction = roofline.predict(record)
+  by_kind = roofline.seconds_by_kind(record)
   # docs/performance.md, "GPU: the roofline against the measured steps" (milliseconds).
   published = {"matmul": 11.8, "slicing": 19.8, "reduction_or_transpose": 12.2,
                "elementwise": 14.0, "copy": 0.4, "collective": 0.0}
@@ -41,18 +37,6 @@ def test_avoidable_work_in_base_det_is_the_published_census(base_det):
   assert {k: found[k]["executed"] for k in kernels.KINDS} == {
       "attention_scores": 381, "copies": 65, "transposes": 331, "casts": 1}
   assert found["attention_scores"]["bytes"] == pytest.approx(70.4e9, rel=0.002)
-
-
-def test_seconds_by_work_kind_takes_the_longer_of_flops_and_bytes_for_matmuls():
-  hw = roofline.HARDWARE["h200"]
-  operations = {kind: {"executed": 1.0, "bytes": 0.0} for kind in roofline.WORK_KINDS}
-  operations["matmul"]["bytes"] = 4.8e12  # one second at 4.8 TB/s
-  operations["elementwise"]["bytes"] = 2.4e12
-  seconds = roofline.seconds_by_work_kind(operations, 989e12 / 2, hw)
-  assert seconds["matmul"] == pytest.approx(1.0) and seconds["elementwise"] == pytest.approx(0.5)
-  assert roofline.seconds_by_work_kind(operations, 2 * 989e12, hw)["matmul"] == pytest.approx(2.0)
-  with pytest.raises(ValueError, match="operations lack"):
-    roofline.seconds_by_work_kind({"matmul": {"bytes": 0.0}}, 1.0, hw)
 
 
 def test_avoidable_work_rejects_no_lengths():
