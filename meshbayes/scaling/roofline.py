@@ -1,4 +1,4 @@
-"""Predicted step time of a compiled train step on a TPU slice: a roofline model.
+"""Predicted step time of a compiled train step on a TPU slice or GPUs: a roofline model.
 
 A scaling-study record (``meshbayes.scaling.aot.compile_step``) holds what the
 compiled program does per device and step: its matmul FLOPs, the bytes of
@@ -25,7 +25,9 @@ Throughput follows: tokens per step (encoder and decoder tokens of the global
 batch) over the step time, the slice's model FLOP/s, and the model FLOP
 utilization ``MFU = model FLOPs per device / (step time x peak per device)``.
 ``program_profile`` reads the HLO with ``meshbayes.scaling.hlo``'s parser and
-loop trip counts, so its bytes per collective kind add up to ``hlo.analyze``'s.
+loop trip counts, so its bytes per collective kind add up to ``hlo.analyze``'s;
+``program_record`` makes a record from a program's HLO alone (e.g. a GPU's), and
+``seconds_by_kind`` splits its predicted time by kind of work.
 docs/performance.md states the model, its assumptions and the sources of
 ``HARDWARE``.
 
@@ -509,7 +511,7 @@ def _executions(computations: dict[str, list[hlo.Instruction]], entry: str
         if child in stack or child not in computations:
           continue
         visit(child, times * (trips if role in ("body", "condition") else 1), stack + (child,),
-              in_fusion or instruction.opcode == "fusion")
+              in_fusion or instruction.opcode in _FUSIONS)
 
   visit(entry, 1.0, (entry,), False)
   return runs, fused
@@ -519,6 +521,14 @@ _FREE = frozenset((
     "parameter", "constant", "tuple", "get-tuple-element", "bitcast", "while", "conditional",
     "call", "after-all", "opt-barrier", "partition-id", "replica-id", "add-dependency"))
 _SLICING = frozenset(("dynamic-slice", "slice", "gather"))
+# A fusion, or its asynchronous form on GPUs (``fusion-start`` calls the fused computation;
+# its ``fusion-done`` moves nothing more).
+_FUSIONS = ("fusion", "fusion-start")
+
+
+# Kinds of work the top-level operations (on a GPU, its kernels) are sorted into.
+WORK_KINDS = ("matmul", "slicing", "reduction_or_transpose", "elementwise", "copy", "collective")
+_SLICE_ROOTS = frozenset(("dynamic-slice", "dynamic-update-slice", "slice", "gather"))
 
 
 def _bytes(shapes: Iterable[hlo.Shape]) -> float:
@@ -540,6 +550,19 @@ class _Fusions:
           or any(self.has_matmul(c) for _, c in hlo.called_computations(i) if c in self.computations)
           for i in self.computations.get(name, []))
     return self._matmul[name]
+
+  def work_kind(self, instruction: hlo.Instruction) -> str:
+    """A non-matmul fusion's kind of work: by its root (slicing) or XLA's fusion kind
+    (``kLoop`` elementwise; ``kInput`` and GPU ``kCustom`` ones reduce or transpose)."""
+    name = next((c for role, c in hlo.called_computations(instruction) if role == "calls"), None)
+    body = self.computations.get(name, [])
+    by_name = {i.name: i for i in body}
+    root = next((i for i in body if i.is_root), None)
+    roots = [by_name[o] for o in root.operands if o in by_name] \
+        if root is not None and root.opcode == "tuple" else [root] if root is not None else []
+    if roots and all(r.opcode in _SLICE_ROOTS for r in roots):
+      return "slicing"
+    return "elementwise" if "kind=kLoop" in instruction.attributes else "reduction_or_transpose"
 
   def traffic(self, instruction: hlo.Instruction, operand_shapes: list[tuple[hlo.Shape, ...]]
               ) -> float:
@@ -622,14 +645,18 @@ def program_profile(hlo_text: str, mesh_shape: Mapping[str, int],
     compiler's reduce-scatter, is a ``reduce-scatter`` of its shard, with
     ``hlo_opcode`` all-reduce); ``hbm_bytes_per_device``: ``matmul_ops`` and ``other_ops``,
     the bytes the program's top-level operations (fusions, copies, collectives)
-    read and write, loops unrolled, split by whether an operation holds a matmul.
+    read and write, loops unrolled, split by whether an operation holds a matmul;
+    ``operations_per_device``: for each of ``WORK_KINDS``, how many top-level
+    operations run per step (``executed``; on a GPU, kernels) and their ``bytes``.
   """
   computations, entry = hlo.parse_computations(hlo_text)
   num_devices = math.prod(mesh_shape.values())
   census: dict[tuple, list[float]] = {}
   traffic = {"matmul_ops": 0.0, "other_ops": 0.0}
+  operations = {kind: {"executed": 0.0, "bytes": 0.0} for kind in WORK_KINDS}
   if entry is None:
-    return {"collective_groups": [], "hbm_bytes_per_device": traffic}
+    return {"collective_groups": [], "hbm_bytes_per_device": traffic,
+            "operations_per_device": operations}
   runs, fused = _executions(computations, entry)
   fusions = _Fusions(computations)
   for name, times in runs.items():
@@ -657,20 +684,32 @@ def program_profile(hlo_text: str, mesh_shape: Mapping[str, int],
       if name in fused or opcode in _FREE or opcode.endswith("-done"):
         continue
       operands = [shapes.get(o, ()) for o in instruction.operands]
-      if opcode == "fusion":
+      if opcode in _FUSIONS:
         moved = fusions.traffic(instruction, operands)
         called = [c for role, c in hlo.called_computations(instruction) if role == "calls"]
         matmul = any(fusions.has_matmul(c) for c in called)
+        work = "matmul" if matmul else fusions.work_kind(instruction)
+      elif hlo.is_gemm_custom_call(instruction):
+        # A cuBLAS GEMM: its operands read, its output written (not its scratch workspace).
+        moved = _bytes(hlo.flat_shapes(instruction)[:1]) + sum(_bytes(s) for s in operands)
+        matmul, work = True, "matmul"
       elif opcode in _SLICING:
-        moved, matmul = 2 * _bytes(hlo.flat_shapes(instruction)), False
+        moved, matmul, work = 2 * _bytes(hlo.flat_shapes(instruction)), False, "slicing"
       elif opcode == "dynamic-update-slice":
         moved, matmul = 2 * _bytes(operands[1]) if len(operands) > 1 else 0.0, False
+        work = "slicing"
       else:
         result = hlo.collective_bytes(kind, instruction) if kind in KINDS else \
             _bytes(hlo.flat_shapes(instruction))
         moved = result + sum(_bytes(s) for s in operands)
         matmul = opcode in ("dot", "convolution")
+        work = ("matmul" if matmul else "collective" if kind in KINDS
+                else "copy" if kind == "copy"
+                else "reduction_or_transpose" if opcode in ("reduce", "transpose", "sort")
+                else "elementwise")
       traffic["matmul_ops" if matmul else "other_ops"] += times * moved
+      operations[work]["executed"] += times
+      operations[work]["bytes"] += times * moved
   groups_out = []
   for (kind, opcode, size, axes, spans), (count, executed, executed_bytes) in sorted(
       census.items(), key=lambda item: (item[0][0], -item[1][2])):
@@ -679,7 +718,56 @@ def program_profile(hlo_text: str, mesh_shape: Mapping[str, int],
         "mesh_axes": list(axes) if axes is not None else None,
         "torus_spans": [list(s) for s in spans] if spans is not None else None,
         "count": int(count), "executed": executed, "executed_bytes": executed_bytes})
-  return {"collective_groups": groups_out, "hbm_bytes_per_device": traffic}
+  return {"collective_groups": groups_out, "hbm_bytes_per_device": traffic,
+          "operations_per_device": operations}
+
+
+def program_record(hlo_text: str, generation: str, *, batch_size: int, input_length: int,
+                   target_length: int, mesh_shape: Mapping[str, int] | None = None,
+                   chip_coords: Sequence[Sequence[int]] | None = None,
+                   model_flops_per_device: float | None = None) -> dict[str, Any]:
+  """A record for ``predict`` from a compiled program's HLO alone (any platform's).
+
+  Args:
+    hlo_text: ``compiled.as_text()`` of the step.
+    generation: a ``HARDWARE`` name to predict it for.
+    batch_size, input_length, target_length: the global batch of one step.
+    mesh_shape: the mesh's axes and sizes; default one device (``{"data": 1}``).
+    chip_coords: as for ``program_profile``.
+    model_flops_per_device: the model's FLOPs for MFU (default: the program's matmul FLOPs).
+  """
+  hardware(generation)
+  mesh_shape = dict(mesh_shape or {"data": 1})
+  summary = hlo.analyze(hlo_text)
+  record = {"generation": generation, "cores": math.prod(mesh_shape.values()),
+            "mesh": mesh_shape, "batch_size": batch_size, "input_length": input_length,
+            "target_length": target_length, "flops_per_device": summary.matmul_flops,
+            "model_flops_per_device": model_flops_per_device,
+            "unknown_trip_counts": summary.unknown_trip_counts,
+            "collectives": {k: dataclasses.asdict(v) for k, v in summary.collectives.items()}}
+  record.update(program_profile(hlo_text, mesh_shape, chip_coords))
+  return record
+
+
+def seconds_by_kind(record: Mapping[str, Any], hardware_spec: Hardware | None = None
+                    ) -> dict[str, float]:
+  """A profiled record's predicted compute and HBM time split by ``WORK_KINDS``.
+
+  The matmuls take their FLOPs at peak or their bytes at HBM bandwidth, whichever
+  is longer; every other kind its bytes at HBM bandwidth (collectives: their HBM
+  reads and writes, not the link time). The kinds add up to ``predict``'s
+  ``compute_seconds + memory_seconds``.
+  """
+  hw = hardware_spec if hardware_spec is not None else hardware(record.get("generation"))
+  operations = record.get("operations_per_device")
+  if not operations:
+    raise ValueError(f"roofline: record for target {record.get('target')!r} has no "
+                     "operations_per_device (program_profile has not read its HLO)")
+  bandwidth = hw.hbm_bytes_per_second_per_device
+  seconds = {kind: entry["bytes"] / bandwidth for kind, entry in operations.items()}
+  seconds["matmul"] = max(record["flops_per_device"] / hw.peak_flops_per_device,
+                          seconds["matmul"])
+  return seconds
 
 
 def mesh_chip_coords(mesh: Any) -> list[tuple[int, ...]] | None:

@@ -1,0 +1,94 @@
+"""Kernels of a compiled GPU step that do avoidable work, counted per step from its HLO.
+
+On a GPU every top-level operation of the optimized HLO (a fusion, a cuBLAS
+call, a copy) is one kernel. ``avoidable_work`` sorts the kernels that run per
+step (loops unrolled, as ``roofline.program_profile`` counts them) into the
+kinds of work a better-fused program would not do, with their HBM bytes:
+
+- ``attention_scores``: kernels other than GEMMs that read or write the
+  attention scores (an array of rank 3 or more whose last two dimensions are
+  sequence lengths): softmax, masks, dropout, their gradients. A fused
+  attention kernel keeps the scores on chip.
+- ``copies``: ``copy`` operations and fusions that only copy (layout changes,
+  loop-carried buffers copied whole).
+- ``transposes``: fusions that only transpose (and slice or reshape).
+- ``casts``: fusions that only convert between dtypes.
+
+The kinds are exclusive, in that order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from meshbayes.scaling import hlo, roofline
+
+KINDS = ("attention_scores", "copies", "transposes", "casts")
+# Operations that move nothing themselves inside a fused computation.
+_PASSIVE = frozenset(("parameter", "constant", "tuple", "get-tuple-element", "bitcast", "reshape",
+                      "broadcast"))
+
+
+def _body_opcodes(computations: dict[str, list[hlo.Instruction]],
+                  instruction: hlo.Instruction) -> set[str]:
+  called = [c for role, c in hlo.called_computations(instruction) if role == "calls"]
+  return {i.opcode for c in called for i in computations.get(c, [])} - _PASSIVE
+
+
+def _holds_scores(shapes: Iterable[hlo.Shape], lengths: frozenset[int]) -> bool:
+  return any(len(s.dims) >= 3 and s.dims[-1] in lengths and s.dims[-2] in lengths for s in shapes)
+
+
+def avoidable_work(hlo_text: str, sequence_lengths: Iterable[int]) -> dict[str, Any]:
+  """Kernels per step of each of ``KINDS`` (``executed``) and their HBM ``bytes``, per device.
+
+  Args:
+    hlo_text: ``compiled.as_text()`` of a GPU program.
+    sequence_lengths: the input and target lengths (what an attention score's
+      last two dimensions can be).
+
+  Returns:
+    ``{kind: {"executed": ..., "bytes": ...}}`` for each of ``KINDS``, and
+    ``kernels``: every kernel that runs per step (GEMMs and collectives included).
+  """
+  lengths = frozenset(int(n) for n in sequence_lengths)
+  if not lengths or min(lengths) < 1:
+    raise ValueError(f"kernels: sequence_lengths={sorted(lengths)} must be positive lengths")
+  computations, entry = hlo.parse_computations(hlo_text)
+  found = {kind: {"executed": 0.0, "bytes": 0.0} for kind in KINDS}
+  kernels = 0.0
+  if entry is None:
+    return {**found, "kernels": kernels}
+  runs, fused = roofline._executions(computations, entry)
+  fusions = roofline._Fusions(computations)
+  for name, times in runs.items():
+    if name in fused or not times:
+      continue
+    shapes = {i.name: hlo.flat_shapes(i) for i in computations[name]}
+    for instruction in computations[name]:
+      opcode = instruction.opcode
+      if opcode in roofline._FREE or opcode.endswith("-done"):
+        continue
+      kernels += times
+      operands = [shapes.get(o, ()) for o in instruction.operands]
+      is_fusion = opcode in roofline._FUSIONS
+      body = _body_opcodes(computations, instruction) if is_fusion else {opcode}
+      if hlo.is_gemm_custom_call(instruction) or body & {"dot", "convolution"}:
+        continue
+      arrays = [s for group in operands for s in group] + list(hlo.flat_shapes(instruction))
+      if _holds_scores(arrays, lengths):
+        kind = "attention_scores"
+      elif body <= {"copy"}:
+        kind = "copies"
+      elif "transpose" in body and body <= {"transpose", "slice", "copy"}:
+        kind = "transposes"
+      elif body == {"convert"}:
+        kind = "casts"
+      else:
+        continue
+      moved = fusions.traffic(instruction, operands) if is_fusion else \
+          roofline._bytes(hlo.flat_shapes(instruction)) + sum(roofline._bytes(s) for s in operands)
+      found[kind]["executed"] += times
+      found[kind]["bytes"] += times * moved
+  return {**found, "kernels": kernels}

@@ -1,0 +1,108 @@
+"""The roofline on GPU programs: asynchronous fusions, cuBLAS calls, and the shared H200 step."""
+
+import gzip
+import pathlib
+
+import pytest
+
+from meshbayes.scaling import roofline
+from meshbayes.scaling.roofline import HARDWARE
+
+H200 = pathlib.Path(__file__).parent / "data" / "h200"
+
+# A Triton GEMM fusion, a cuBLASLt call, an elementwise fusion and an asynchronous in-place
+# dynamic-update-slice fusion (how XLA's GPU backend stacks a scanned layer's residuals).
+GPU_HLO = """HloModule gpu
+
+%gemm_fusion (p0: bf16[4,8], p1: bf16[8,16]) -> bf16[4,16] {
+  %p0 = bf16[4,8]{1,0} parameter(0)
+  %p1 = bf16[8,16]{1,0} parameter(1)
+  ROOT %d = bf16[4,16]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%scale (p0: bf16[4,16]) -> f32[1,4,16] {
+  %p0 = bf16[4,16]{1,0} parameter(0)
+  %c = f32[4,16]{1,0} convert(%p0)
+  ROOT %b = f32[1,4,16]{2,1,0} bitcast(%c)
+}
+
+%update (p0: f32[3,4,16], p1: f32[1,4,16], p2: s32[]) -> f32[3,4,16] {
+  %p0 = f32[3,4,16]{2,1,0} parameter(0)
+  %p1 = f32[1,4,16]{2,1,0} parameter(1)
+  %p2 = s32[] parameter(2)
+  %z = s32[] constant(0)
+  ROOT %u = f32[3,4,16]{2,1,0} dynamic-update-slice(%p0, %p1, %p2, %z, %z)
+}
+
+ENTRY %main (x: bf16[4,8], w: bf16[8,16], acc: f32[3,4,16], i: s32[]) -> f32[3,4,16] {
+  %x = bf16[4,8]{1,0} parameter(0)
+  %w = bf16[8,16]{1,0} parameter(1)
+  %acc = f32[3,4,16]{2,1,0} parameter(2)
+  %i = s32[] parameter(3)
+  %f = bf16[4,16]{1,0} fusion(%x, %w), kind=kCustom, calls=%gemm_fusion
+  %g = (bf16[4,16]{1,0}, s8[4096]{0}) custom-call(%x, %w), custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_batch_dimensions":[],"lhs_contracting_dimensions":["1"],"rhs_batch_dimensions":[],"rhs_contracting_dimensions":["0"]}}}
+  %s = f32[1,4,16]{2,1,0} fusion(%f), kind=kLoop, calls=%scale
+  %start = ((f32[3,4,16]{2,1,0}, f32[1,4,16]{2,1,0}, s32[]), f32[3,4,16]{2,1,0}, u32[]) fusion-start(%acc, %s, %i), kind=kLoop, calls=%update
+  ROOT %done = f32[3,4,16]{2,1,0} fusion-done(%start)
+}
+"""
+
+
+def test_gpu_operations_by_kind_of_work():
+  profile = roofline.program_profile(GPU_HLO, {"data": 1})
+  ops = profile["operations_per_device"]
+  # GEMM fusion and cuBLAS call each read x (64 B) and w (256 B) and write 4x16 bf16 (128 B);
+  # the cuBLAS workspace (4096 B) is scratch, not traffic.
+  assert ops["matmul"] == {"executed": 2, "bytes": 2 * (64 + 256 + 128)}
+  assert ops["elementwise"] == {"executed": 1, "bytes": 128 + 256}
+  # The asynchronous fusion updates its buffer in place: it reads the update and the index
+  # and writes the update; its fusion-done is no second kernel.
+  assert ops["slicing"] == {"executed": 1, "bytes": 256 + 4 + 256}
+  assert ops["copy"]["executed"] == ops["collective"]["executed"] == 0
+  assert profile["hbm_bytes_per_device"] == {"matmul_ops": 896, "other_ops": 384 + 516}
+
+
+def test_seconds_by_kind_add_up_to_the_prediction():
+  record = roofline.program_record(GPU_HLO, "h100", batch_size=1, input_length=4,
+                                   target_length=4)
+  assert record["flops_per_device"] == 2 * (2 * 4 * 16 * 8)
+  hw = HARDWARE["h100"]
+  seconds = roofline.seconds_by_kind(record)
+  prediction = roofline.predict(record)
+  assert sum(seconds.values()) == pytest.approx(
+      prediction.compute_seconds + prediction.memory_seconds)
+  assert seconds["matmul"] == pytest.approx(896 / hw.hbm_bytes_per_second_per_chip)
+  assert seconds["slicing"] == pytest.approx(516 / 3.35e12)
+
+
+def test_bad_generation_and_unprofiled_records_are_refused():
+  with pytest.raises(ValueError, match="generation='a100'"):
+    roofline.program_record(GPU_HLO, "a100", batch_size=1, input_length=4, target_length=4)
+  with pytest.raises(ValueError, match="no operations_per_device"):
+    roofline.seconds_by_kind({"generation": "h200", "flops_per_device": 1.0, "target": "x"})
+
+
+def test_the_h200_base_step_predicted_against_measured():
+  """The numbers docs/performance.md publishes ("GPU: measured against predicted")."""
+  assert HARDWARE["h200"].peak_flops_per_chip == 989e12
+  assert HARDWARE["h200"].hbm_bytes_per_second_per_chip == 4.8e12
+  assert HARDWARE["h100"].hbm_bytes_per_second_per_chip == 3.35e12
+  text = gzip.decompress((H200 / "base_det_none.hlo.txt.gz").read_bytes()).decode()
+  record = roofline.program_record(text, "h200", batch_size=32, input_length=256,
+                                   target_length=256, model_flops_per_device=1.1650e13)
+  assert record["unknown_trip_counts"] == 0
+  prediction = roofline.predict(record)
+  assert prediction.compute_seconds == pytest.approx(0.0118, rel=0.01)
+  assert prediction.memory_seconds == pytest.approx(0.0464, rel=0.01)
+  assert prediction.communication_seconds == 0
+  assert prediction.step_seconds == pytest.approx(0.0582, rel=0.01)
+  measured = 0.0809  # the shared measurement's fastest round
+  assert prediction.step_seconds / measured - 1 == pytest.approx(-0.28, abs=0.01)
+  seconds = roofline.seconds_by_kind(record)
+  published_ms = {"matmul": 11.8, "slicing": 19.8, "reduction_or_transpose": 12.2,
+                  "elementwise": 14.0, "copy": 0.4}
+  for kind, ms in published_ms.items():
+    assert seconds[kind] * 1e3 == pytest.approx(ms, abs=0.1), kind
+  kernels = {kind: op["executed"] for kind, op in record["operations_per_device"].items()}
+  assert kernels == {"matmul": 699, "slicing": 2028, "reduction_or_transpose": 785,
+                     "elementwise": 1226, "copy": 43, "collective": 0}
