@@ -123,7 +123,7 @@ def run_section(work: Path, steps: int, batch_size: int, timeout: float) -> dict
   model_dir = work / "run"
   train = [sys.executable, "-m", "meshbayes.train", f"--gin_file={EXAMPLE}",
            f"--gin.MODEL_DIR='{model_dir}'", f"--gin.BATCH_SIZE={batch_size}",
-           f"--gin.train.checkpoint_period={steps // 2}", "--gin.train.log_period=5",
+           f"--gin.run_configs.CheckpointConfig.period={steps // 2}", "--gin.train.log_period=5",
            "--gin.models.EncoderDecoderModel.num_train_units=450000"]
   report: dict[str, Any] = {"model_dir": str(model_dir)}
   first = _command(train + [f"--gin.TRAIN_STEPS={steps // 2}"], timeout)
