@@ -363,6 +363,7 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
       result["ood_intervals"] = evaluation_items.as_json(ood_intervals)
       if jax.process_index() == 0:
         evaluation_items.write_ood_scores(ood, out_dir)
+  phases.finish()  # before the lines saying where the results are, which come last
   if jax.process_index() == 0:  # every process holds the same results
     (out_dir / "reliability.json").write_text(json.dumps(_jsonable(reliability)))
     with (out_dir / "reliability.png").open("wb") as png:
@@ -379,7 +380,6 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
                       if name not in ("step", "num_samples")
                       and not name.startswith(("intervals/", "ood_intervals/"))})
   writer.close()
-  phases.finish()
   return result
 
 
