@@ -3,8 +3,8 @@
 ``peak_flops_per_device(jax.devices()[0].device_kind)`` is the FLOP/s one JAX
 device could reach at best; ``utilization`` turns a step's model FLOPs and
 seconds into TFLOP/s and MFU (model FLOPs over step time x that peak). Peaks
-are dense (no 2:4 sparsity), from the vendors' data sheets; TPUs take theirs
-from ``roofline.HARDWARE`` (per device: v2 and v3 chips are two devices).
+are dense (no 2:4 sparsity), from the vendors' data sheets; devices the roofline models (TPUs, H100, H200)
+take theirs from ``roofline.HARDWARE`` (per device: v2 and v3 chips are two devices).
 """
 
 from __future__ import annotations
@@ -13,13 +13,10 @@ from typing import Any
 
 from meshbayes.scaling import roofline
 
-# GPU device kinds as CUDA names them (``jax.Device.device_kind``) -> dense bf16 FLOP/s.
-# NVIDIA quotes bf16 Tensor Core peaks with sparsity; dense is half of that.
+# GPU device kinds as CUDA names them (``jax.Device.device_kind``) without a
+# ``roofline.HARDWARE`` entry -> dense bf16 FLOP/s. NVIDIA quotes bf16 Tensor Core
+# peaks with sparsity; dense is half of that.
 GPU_PEAK_FLOPS: dict[str, float] = {
-    # https://www.nvidia.com/en-us/data-center/h100/ (H100 SXM: 1,979 TFLOP/s bf16 with sparsity)
-    "NVIDIA H100 80GB HBM3": 989e12,
-    # https://www.nvidia.com/en-us/data-center/h200/ (H200 SXM: 1,979 TFLOP/s bf16 with sparsity)
-    "NVIDIA H200": 989e12,
     # https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf
     # (A100 SXM and PCIe, 40 and 80 GB: 312 TFLOP/s bf16 dense)
     "NVIDIA A100-SXM4-40GB": 312e12,
@@ -28,8 +25,9 @@ GPU_PEAK_FLOPS: dict[str, float] = {
     "NVIDIA A100 80GB PCIe": 312e12,
 }
 
-# TPU device kinds -> ``roofline.HARDWARE`` generations (sources there).
-TPU_GENERATIONS: dict[str, str] = {
+# Device kinds with a ``roofline.HARDWARE`` entry -> its name (peaks and sources there).
+ROOFLINE_GENERATIONS: dict[str, str] = {
+    "NVIDIA H100 80GB HBM3": "h100", "NVIDIA H200": "h200",
     "TPU v2": "v2", "TPU v3": "v3", "TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5e": "v5e",
     "TPU v5": "v5p", "TPU v5p": "v5p",
 }
@@ -39,7 +37,7 @@ def peak_flops_per_device(device_kind: str) -> float | None:
   """Dense bf16 peak FLOP/s of one device of this kind; None where none is tabled (CPUs)."""
   if device_kind in GPU_PEAK_FLOPS:
     return GPU_PEAK_FLOPS[device_kind]
-  generation = TPU_GENERATIONS.get(device_kind)
+  generation = ROOFLINE_GENERATIONS.get(device_kind)
   return roofline.HARDWARE[generation].peak_flops_per_device if generation else None
 
 
