@@ -92,7 +92,7 @@ def test_predictives():
     predictive_eval.Predictive("posterior_mean", 0, 1.3)
 
 
-@pytest.mark.parametrize("num_samples", [0, 3])
+@pytest.mark.parametrize("num_samples", [0, pytest.param(3, marks=pytest.mark.slow)])
 def test_token_calibration_sums_the_batches(setup, num_samples):
   partitioner, params, batches = setup
   variant = predictive_eval.predictives(True, num_samples)[0]

@@ -72,6 +72,7 @@ def test_installed_names_and_no_old_ones(venv_python, tmp_path):
   assert out[1] == "[]"
 
 
+@pytest.mark.slow  # a training run from the installed wheel; make test checks its contents
 def test_train_and_inspect_from_another_directory(venv_python, tmp_path):
   bindings = ["--gin.MODEL_DIR='run'", "--gin.TRAIN_STEPS=3", "--gin.BATCH_SIZE=8",
               "--gin.train.log_period=1",

@@ -181,7 +181,8 @@ def brute_force_scores(model, params, inputs, rng, num_samples):
   return np.stack(log_probs, 1) / ((5 + lengths) / 6) ** 0.6
 
 
-@pytest.mark.parametrize("num_samples", [0, 3])
+# make test keeps the model average (3 samples); the posterior mean's search is the same code.
+@pytest.mark.parametrize("num_samples", [pytest.param(0, marks=pytest.mark.slow), 3])
 def test_transformer_beam_search_is_exact_when_exhaustive(num_samples):
   """Vocabulary of 6 (4 free tokens, EOS, padding), up to 2 tokens, beam 6: every
   sequence is considered, so beam search returns the brute-force best under
@@ -202,7 +203,7 @@ def test_transformer_beam_search_is_exact_when_exhaustive(num_samples):
     assert float(aux["token_mutual_information"][0, 0]) > 0
 
 
-@pytest.mark.parametrize("num_samples", [1, 2])
+@pytest.mark.parametrize("num_samples", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_mc_dropout_beam_search_holds_each_sentences_masks_for_all_its_beams(num_samples):
   """MC dropout (dropout 0.3) with S masks per sentence, two sentences, exhaustive beams:
   every finished hypothesis of each sentence scores what the model with that sentence's
@@ -240,6 +241,7 @@ def test_predict_methods_and_errors():
     model.score_batch(params, batch, None, num_samples=2)
 
 
+@pytest.mark.slow  # compiles two decoders to compare their memory
 def test_regenerated_decode_weights_decode_the_same_samples_in_one_copy_of_memory():
   """``decode_weights='regenerated'`` decodes exactly what ``stored`` does (the same S
   samples), and its compiled memory does not grow by a copy of the weights per sample

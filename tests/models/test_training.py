@@ -57,7 +57,8 @@ def train(estimators, steps=700, batch_size=64, length=10, log_every=100):
 
 @pytest.mark.parametrize("name, estimators", [
     pytest.param("deterministic", Estimators.deterministic(), marks=pytest.mark.slow),
-    ("bayesian", Estimators())])
+    # Slow too: make test trains the Bayesian Transformer in test_demo and the experiment.
+    pytest.param("bayesian", Estimators(), marks=pytest.mark.slow)])
 def test_tiny_transformer_learns_to_reverse(name, estimators):
   curve, metrics, seconds = train(estimators)
   print(f"{name}: NLL by step {curve}; held-out posterior-mean NLL {metrics['nll']:.4f}, "

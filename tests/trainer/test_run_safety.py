@@ -55,6 +55,7 @@ def test_a_non_finite_state_is_never_saved(run_dir, capsys):
   assert saved_steps(run_dir) == [4]
 
 
+@pytest.mark.slow  # two starts of the trainer
 def test_a_locked_model_dir_is_one_line_and_a_stale_lock_is_taken_over(run_dir, capsys):
   """A live holder (the parent process) stops the run before anything is written; a dead
   one's lock is taken over; each successful start's configuration is kept."""
@@ -186,6 +187,7 @@ def test_sigterm_before_the_first_step_exits_at_once(tmp_path, start_training, w
   assert not list((tmp_path / "run" / "checkpoints").glob("[0-9]*"))
 
 
+@pytest.mark.slow  # a training process, signalled as it ends
 def test_a_signal_at_the_end_of_a_run_is_a_clean_exit(tmp_path):
   """SIGTERM as the last step finishes (its save, the shutdown): status 0, the run whole."""
   model_dir = tmp_path / "run"

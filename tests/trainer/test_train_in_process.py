@@ -124,6 +124,7 @@ def test_a_model_dir_that_is_a_file_is_one_line(tmp_path, capsys):
   assert f"MODEL_DIR {model_dir} must be a directory, but {model_dir} is a file" in one_line(err)
 
 
+@pytest.mark.slow  # trains and resumes; make test resumes in the CLI and IVON tests
 def test_a_failed_save_is_one_line_and_the_last_good_checkpoint_resumes(trained, tmp_path,
                                                                          capsys, monkeypatch):
   model_dir = tmp_path / "run"
@@ -154,6 +155,7 @@ def test_a_failed_save_is_one_line_and_the_last_good_checkpoint_resumes(trained,
   assert checkpoints.find_step_dir(model_dir).name == "16"
 
 
+@pytest.mark.slow  # checkpoints older than the saved input position; a resume each
 def test_a_checkpoint_without_an_input_position_resumes_by_skipping(trained, tmp_path, capsys):
   """A checkpoint of the previous version (a batch count, no iterator state) resumes
   exactly, and says how."""
