@@ -49,9 +49,10 @@ sharded array locally, as jax's samplers do.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -149,10 +150,16 @@ def rademacher(key: Array, shape: Sequence[int], dtype) -> Array:
 
 
 class Normal(NamedTuple):
-  """A factorized normal posterior: elementwise mean and standard deviation."""
+  """A factorized normal posterior: elementwise mean and standard deviation.
+
+  ``scale``, when given, is the parameter the stddev was computed from
+  (``stddev = softplus(scale)``): a ``regenerating`` estimator recomputes the
+  stddev from it in the backward pass instead of keeping it.
+  """
 
   loc: Array
   stddev: Array
+  scale: Array | None = None
 
   def sample(self, key: Array, constrain: Constrain = _identity) -> Array:
     """One draw ``loc + stddev * eps``, in the posterior's dtype.
@@ -328,10 +335,65 @@ def lookup_local_reparameterization(key: Array, ids: Array, table: Normal,
   return mean + stddev * standard_normal(key, mean.shape, mean.dtype)
 
 
-# Estimators by name: for linear maps, convolutions, and embedding lookups.
-DENSE = {"reparameterization": reparameterization, "flipout": flipout,
-         "local_reparameterization": local_reparameterization}
-CONV = {"reparameterization": reparameterization, "flipout": conv_flipout,
-        "local_reparameterization": local_reparameterization}
-LOOKUP = {"reparameterization": lookup_reparameterization, "flipout": lookup_flipout,
-          "local_reparameterization": lookup_local_reparameterization}
+def _kept_for_backward(posterior: Normal | None) -> Normal | None:
+  # With a scale, the stddev is recomputed from it: the parameter is kept, not its softplus.
+  if posterior is None or posterior.scale is None:
+    return posterior
+  return Normal(posterior.loc, None, posterior.scale)
+
+
+def _recomputed(posterior: Normal | None) -> Normal | None:
+  if posterior is None or posterior.stddev is not None:
+    return posterior
+  return Normal(posterior.loc, jax.nn.softplus(posterior.scale), posterior.scale)
+
+
+def regenerating(estimator: Estimator) -> Estimator:
+  """``estimator`` with its noise drawn again in the backward pass instead of kept.
+
+  Noise is a pure function of the key, so the backward pass recomputes it,
+  and everything computed from it (signs, perturbations, weight samples, the
+  local reparameterization's variance and its square root), from the
+  estimator's arguments; those are all it keeps: the inputs and the
+  posterior's parameters (``loc`` and ``scale``, where the posterior has a
+  scale), which the deterministic layer keeps too, and the key. Outputs and
+  gradients equal the estimator's to float rounding (fused differently). The
+  cost is the forward work done again in the backward pass: the noise, and
+  for local reparameterization the variance's matmul.
+
+  Works for the linear-map estimators (``key, contract, inputs, kernel, bias,
+  constrain_kernel, **options``) and the lookups (``key, ids, table,
+  constrain_table``) alike.
+  """
+  policy = jax.checkpoint_policies.nothing_saveable
+
+  @functools.wraps(estimator)
+  def regenerated(key: Array, *args, **options) -> Array:
+    # The static arguments (contract, constrain, options) are closed over; the arrays
+    # and posteriors go through the checkpoint, posteriors with their stddev dropped.
+    arrays = [i for i, a in enumerate(args) if not callable(a)]
+    given = [_kept_for_backward(args[i]) if isinstance(args[i], Normal) else args[i]
+             for i in arrays]
+
+    def sample(key: Array, *values: Any) -> Array:
+      full = list(args)
+      for i, value in zip(arrays, values):
+        full[i] = _recomputed(value) if isinstance(value, Normal) else value
+      return estimator(key, *full, **options)
+
+    return jax.checkpoint(sample, policy=policy)(key, *given)
+
+  return regenerated
+
+
+# Estimators by name: for linear maps, convolutions, and embedding lookups. The layers
+# use these, which regenerate their noise in the backward pass.
+DENSE = {"reparameterization": regenerating(reparameterization),
+         "flipout": regenerating(flipout),
+         "local_reparameterization": regenerating(local_reparameterization)}
+CONV = {"reparameterization": regenerating(reparameterization),
+        "flipout": regenerating(conv_flipout),
+        "local_reparameterization": regenerating(local_reparameterization)}
+LOOKUP = {"reparameterization": regenerating(lookup_reparameterization),
+          "flipout": regenerating(lookup_flipout),
+          "local_reparameterization": regenerating(lookup_local_reparameterization)}

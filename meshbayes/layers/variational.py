@@ -174,12 +174,12 @@ def variational_param(module: nn.Module, name: str, shape: tuple[int, ...], loc_
     dtype: parameter dtype.
 
   Returns:
-    ``Normal(loc, softplus(scale))``, in ``dtype``.
+    ``Normal(loc, softplus(scale), scale)``, in ``dtype``.
   """
   loc = module.param(f"{name}_loc", boxed_init(box, loc_init), shape, dtype)
   scale_init = lambda *args: softplus_inverse(_unbox(stddev_init(*args)))
   scale = module.param(f"{name}_scale", boxed_init(box, scale_init), shape, dtype)
-  return Normal(loc, stddev_of_scale(scale))
+  return Normal(loc, stddev_of_scale(scale), scale)
 
 
 def sample_weights(params: Any, key: Array) -> dict[str, Any]:

@@ -126,8 +126,8 @@ def _apply(module: nn.Module, inputs: Array, kernel_shape: tuple[int, ...],
     outputs = estimators.posterior_mean(
         contract, inputs, estimators.Normal(jnp.where(kept, theta, 0.0), None))
   else:
-    outputs = estimators.local_reparameterization(module.make_rng("sample"), contract, inputs,
-                                                  posterior)
+    outputs = estimators.DENSE["local_reparameterization"](module.make_rng("sample"), contract,
+                                                           inputs, posterior)
   if bias is not None:
     outputs = outputs + bias.astype(dtype)
   return outputs

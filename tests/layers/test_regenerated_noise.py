@@ -1,0 +1,212 @@
+"""The layers' estimators draw their noise again in the backward pass instead of keeping it.
+
+``estimators.regenerating`` wraps each estimator in a checkpoint that keeps
+only its arguments: these tests check that the wrapped estimators keep no
+noise, perturbation or variance for the backward pass, and that they give
+the stored-noise estimators' outputs and gradients, for every estimator and
+layer type, on one device and on a 2 x 4 mesh.
+"""
+
+import contextlib
+import io
+from unittest import mock
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.ad_checkpoint import print_saved_residuals
+from jax.sharding import NamedSharding
+
+from meshbayes import layers
+from meshbayes.layers import attention, conv, embed, estimators
+from meshbayes.layers.dense import dense_class, dense_general_class
+from meshbayes.layers.variational import stddev_of_scale
+from meshbayes.partitioning import Partitioner
+
+BAYESIAN = ("reparameterization", "flipout", "local_reparameterization")
+STORING = {
+    "DENSE": {"reparameterization": estimators.reparameterization,
+              "flipout": estimators.flipout,
+              "local_reparameterization": estimators.local_reparameterization},
+    "CONV": {"reparameterization": estimators.reparameterization,
+             "flipout": estimators.conv_flipout,
+             "local_reparameterization": estimators.local_reparameterization},
+    "LOOKUP": {"reparameterization": estimators.lookup_reparameterization,
+               "flipout": estimators.lookup_flipout,
+               "local_reparameterization": estimators.lookup_local_reparameterization},
+}
+
+
+@contextlib.contextmanager
+def storing_noise():
+  """The layers use the estimators as they are, keeping what autodiff keeps."""
+  with contextlib.ExitStack() as stack:
+    for table, entries in STORING.items():
+      stack.enter_context(mock.patch.dict(getattr(estimators, table), entries))
+    yield
+
+
+def _matmul(x, kernel, preferred_element_type=None):
+  return lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())),
+                         preferred_element_type=preferred_element_type)
+
+
+def _kept(fn, *args):
+  """``(shape, source)`` of what the backward pass of ``fn`` keeps, other than its arguments."""
+  printed = io.StringIO()
+  with contextlib.redirect_stdout(printed):
+    print_saved_residuals(fn, *args)  # one "shape source" line per residual
+  residuals = [line.split(" ", 1) for line in printed.getvalue().splitlines() if line.strip()]
+  return [(shape, source) for shape, source in residuals
+          if not source.startswith("from the argument") and not shape.startswith("key<")]
+
+
+@pytest.mark.parametrize("name", BAYESIAN)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_the_backward_pass_keeps_the_arguments_and_the_key_alone(name, dtype):
+  """Stored, the estimators keep noise (weight- or output-sized), signs, perturbations and the
+  local reparameterization's float32 standard deviation; regenerated, nothing but the
+  inputs, ``loc``, ``scale`` and the key (not even the stddev computed from ``scale``)."""
+  x, ids = jnp.ones((64, 32), dtype), jnp.arange(64) % 32
+  loc, scale = jnp.zeros((32, 48)), jnp.full((32, 48), -2.0)
+  posterior = lambda loc, scale: estimators.Normal(loc, stddev_of_scale(scale), scale)
+  losses = {
+      "DENSE": (lambda f: lambda x, loc, scale: f(jax.random.key(0), _matmul, x, posterior(
+          loc, scale)).astype(jnp.float32).sum(), (x, loc, scale)),
+      "LOOKUP": (lambda f: lambda loc, scale: f(jax.random.key(0), ids, posterior(
+          loc, scale)).sum(), (loc, scale)),
+  }
+  floating = lambda kept: [shape for shape, _ in kept if shape.startswith(("f32", "bf16"))]
+  for table, (loss, args) in losses.items():
+    stored = _kept(loss(STORING[table][name]), *args)
+    regenerated = _kept(loss(getattr(estimators, table)[name]), *args)
+    assert floating(regenerated) == [], (table, regenerated)
+    assert floating(stored), (table, stored)
+
+
+@pytest.mark.parametrize("name", BAYESIAN + ("conv_flipout",))
+def test_outputs_and_gradients_equal_the_stored_ones_to_rounding(name):
+  """Against the stored-noise estimator, with a Bayesian bias, in float32."""
+  stored = getattr(estimators, name)
+  regenerated = estimators.regenerating(stored)
+  if name == "conv_flipout":
+    contract = lambda x, k, preferred_element_type=None: lax.conv_general_dilated(
+        x, k, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),
+        preferred_element_type=preferred_element_type)
+    x = jax.random.normal(jax.random.key(1), (3, 5, 5, 4))
+    shape = (3, 3, 4, 6)
+  else:
+    contract, x, shape = _matmul, jax.random.normal(jax.random.key(1), (3, 7, 16)), (16, 24)
+  loc = jax.random.normal(jax.random.key(2), shape) * 0.3
+  scale = jax.random.normal(jax.random.key(3), shape) - 1.0
+  bias = (jnp.full(shape[-1:], 0.1), jnp.full(shape[-1:], -2.0))
+
+  def loss(estimator, x, loc, scale, bias_loc, bias_scale):
+    kernel = estimators.Normal(loc, stddev_of_scale(scale), scale)
+    b = estimators.Normal(bias_loc, stddev_of_scale(bias_scale), bias_scale)
+    y = estimator(jax.random.key(0), contract, x, kernel, b)
+    return jnp.sum(jnp.sin(3.0 * y)), y
+
+  grad = lambda f: jax.jit(jax.grad(lambda *a: loss(f, *a), argnums=range(5), has_aux=True))
+  (ref, y_ref), (new, y_new) = [grad(f)(x, loc, scale, *bias) for f in (stored, regenerated)]
+  np.testing.assert_allclose(y_new, y_ref, rtol=1e-6, atol=1e-7)
+  for got, want in zip(new, ref):
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)
+
+
+def _dense(estimator):
+  return dense_class(estimator)(8, kernel_axes=("embed", "mlp"), bias_axes=("mlp",),
+                                bayesian_bias=estimator != "deterministic")
+
+
+class DenseGeneralPair(nn.Module):
+  """Into heads and back: ``DenseGeneral`` with output and input axis tuples."""
+
+  estimator: str
+
+  @nn.compact
+  def __call__(self, x):
+    cls = dense_general_class(self.estimator)
+    h = cls(features=(4, 2), kernel_axes=("embed", "heads", "kv"), use_bias=False)(x)
+    return cls(features=8, axis=(-2, -1), kernel_axes=("heads", "kv", "embed"),
+               use_bias=False)(jnp.tanh(h))
+
+
+class EmbedLookupAndAttend(nn.Module):
+  """Lookup, then tied logits: the table's two estimators."""
+
+  estimator: str
+
+  @nn.compact
+  def __call__(self, ids):
+    table = embed.embed_class(self.estimator)(num_embeddings=16, features=8,
+                                              embedding_axes=("vocab", "embed"))
+    return table.attend(jnp.tanh(table(ids)))
+
+
+class SelfAttention(nn.Module):
+  estimator: str
+
+  @nn.compact
+  def __call__(self, x):
+    layer = attention.attention_class(self.estimator)(
+        num_heads=4, qkv_features=16, bayesian_bias=True,
+        activation_axes=("batch", "length", "heads", "kv"))
+    return layer(x, mask=nn.make_causal_mask(jnp.ones(x.shape[:2])))
+
+
+def _conv(estimator):
+  return conv.conv_class(estimator)(4, (3, 3), kernel_axes=(None, None, "embed", "mlp"),
+                                    bias_axes=("mlp",))
+
+
+LAYERS = {
+    "dense": (_dense, lambda: jax.random.normal(jax.random.key(0), (8, 5, 8))),
+    "dense_per_example": (
+        lambda e: dense_class(e)(8, kernel_axes=("embed", "mlp"), bias_axes=("mlp",),
+                                 one_sample_per_example=e == "flipout"),
+        lambda: jax.random.normal(jax.random.key(0), (8, 5, 8))),
+    "dense_general": (DenseGeneralPair, lambda: jax.random.normal(jax.random.key(0), (8, 5, 8))),
+    "conv": (_conv, lambda: jax.random.normal(jax.random.key(0), (8, 6, 6, 8))),
+    "embed": (EmbedLookupAndAttend, lambda: jax.random.randint(jax.random.key(0), (8, 5), 0, 16)),
+    "attention": (SelfAttention, lambda: jax.random.normal(jax.random.key(0), (8, 5, 8))),
+}
+
+
+def _loss_and_grads(model, inputs, partitioner=None):
+  def loss_fn(params, inputs, key):
+    y, state = model.apply({"params": params}, inputs, rngs={"sample": key},
+                           mutable=[layers.KL_COLLECTION])
+    return (jnp.mean(jnp.sin(3.0 * y.astype(jnp.float32)))
+            + layers.kl_penalty(layers.total_kl(state), 1000))
+
+  init = lambda k: model.init(k, inputs)["params"]
+  if partitioner is None:
+    return jax.jit(jax.value_and_grad(loss_fn))(nn.unbox(init(jax.random.key(2))), inputs,
+                                                jax.random.key(3))
+  params, shardings = partitioner.init(init, jax.random.key(2))
+  batch = NamedSharding(partitioner.mesh, partitioner.batch_spec)
+  with partitioner.activation_rules():
+    step = jax.jit(jax.value_and_grad(loss_fn), in_shardings=(shardings, batch, None),
+                   out_shardings=(None, shardings))
+    return step(params, inputs, jax.random.key(3))
+
+
+@pytest.mark.parametrize("estimator", BAYESIAN)
+@pytest.mark.parametrize("layer", sorted(LAYERS))
+def test_layers_give_the_stored_noise_losses_and_gradients(layer, estimator):
+  """Each layer type and estimator: regenerated on one device and on a 2 x 4 mesh
+  (``fsdp_tp``: weights split over both axes) equals stored on one device."""
+  make, inputs = LAYERS[layer]
+  model, inputs = make(estimator), inputs()
+  with storing_noise():
+    ref_loss, ref_grads = _loss_and_grads(model, inputs)
+  for partitioner in (None, Partitioner(data=2, model=4, rules="fsdp_tp")):
+    loss, grads = _loss_and_grads(model, inputs, partitioner)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+    for (path, grad), ref in zip(jax.tree_util.tree_flatten_with_path(grads)[0],
+                                 jax.tree.leaves(ref_grads)):
+      np.testing.assert_allclose(grad, ref, rtol=2e-5, atol=1e-6, err_msg=str(path))
