@@ -265,6 +265,16 @@ def use_posterior_mean(module: nn.Module, deterministic: bool | None) -> bool:
       "model.clone(deterministic=True))")
 
 
+def _kl(prior: Prior, posterior: Normal, params: dict[str, Array], key: Array) -> Array:
+  """``prior.kl`` of the posterior; with a ``scale``, its stddev is recomputed in the
+  backward pass from ``scale`` (a parameter) instead of kept, weight-sized, per layer."""
+  if posterior.scale is None:
+    return prior.kl(posterior.loc, posterior.stddev, params, key)
+  kl = lambda loc, scale, params, key: prior.kl(loc, stddev_of_scale(scale), params, key)
+  return jax.checkpoint(kl, policy=jax.checkpoint_policies.nothing_saveable)(
+      posterior.loc, posterior.scale, params, key)
+
+
 def record_kl(module: nn.Module, terms: Sequence[tuple[str, Prior, Normal]]) -> None:
   """Records the layer's KL, the sum over its ``(name, prior, posterior)`` terms.
 
@@ -285,7 +295,7 @@ def record_kl(module: nn.Module, terms: Sequence[tuple[str, Prior, Normal]]) -> 
         for key, value in prior.trainable_init().items()
     }
     rng = module.make_rng(SAMPLE_RNG) if module.has_rng(SAMPLE_RNG) else jax.random.key(0)
-    kl = kl + prior.kl(posterior.loc, posterior.stddev, params, rng)
+    kl = kl + _kl(prior, posterior, params, rng)
   if not module.is_initializing():
     module.sow(KL_COLLECTION, KL_NAME, kl,
                init_fn=lambda: jnp.zeros((), jnp.float32), reduce_fn=lambda _, new: new)

@@ -87,6 +87,24 @@ def test_the_backward_pass_keeps_the_arguments_and_the_key_alone(name, dtype):
     assert floating(stored), (table, stored)
 
 
+@pytest.mark.parametrize("name", BAYESIAN)
+def test_a_layer_keeps_no_weight_sized_value_for_its_kl_or_its_noise(name):
+  """A Bayesian Dense layer's loss, outputs plus its KL: besides the parameters and the
+  inputs, the backward pass keeps nothing floating, not even the stddev (weight-sized)
+  that the KL's gradient needs, which is recomputed from ``scale``."""
+  model = dense_class(name)(48, kernel_axes=("embed", "mlp"), bias_axes=("mlp",))
+  x = jnp.ones((64, 32))
+  params = nn.unbox(model.init(jax.random.key(0), x)["params"])
+
+  def loss(params, x):
+    y, state = model.apply({"params": params}, x, rngs={"sample": jax.random.key(1)},
+                           mutable=[layers.KL_COLLECTION])
+    return y.sum() + layers.total_kl(state)
+
+  kept = [shape for shape, _ in _kept(loss, params, x) if shape.startswith(("f32", "bf16"))]
+  assert all(shape in ("f32[]", "bf16[]") for shape in kept), kept
+
+
 @pytest.mark.parametrize("name", BAYESIAN + ("conv_flipout",))
 def test_outputs_and_gradients_equal_the_stored_ones_to_rounding(name):
   """Against the stored-noise estimator, with a Bayesian bias, in float32."""
