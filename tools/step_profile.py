@@ -77,6 +77,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental.compilation_cache import compilation_cache
 
 from meshbayes import host_memory
 from meshbayes.scaling import hlo
@@ -572,6 +573,20 @@ def classify_peak(hlo_text: str, live_range: str) -> list[Buffer]:
   return sorted(buffers, key=lambda b: -b.bytes)
 
 
+@contextlib.contextmanager
+def _no_persistent_cache():
+  """JAX's persistent compilation cache off: a program read from it is not compiled, so
+  XLA dumps no buffer assignment for it."""
+  enabled = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  compilation_cache.reset_cache()  # the cache's use is decided once, then remembered
+  try:
+    yield
+  finally:
+    jax.config.update("jax_enable_compilation_cache", enabled)
+    compilation_cache.reset_cache()
+
+
 def compile_for_buffers(spec: Any) -> tuple[Any, str, str]:
   """Compiles ``spec``'s step for one CPU device without running it (nothing is allocated):
   the compiled program, its HLO text, and XLA's live-range dump of its buffers."""
@@ -579,7 +594,7 @@ def compile_for_buffers(spec: Any) -> tuple[Any, str, str]:
   from meshbayes.scaling.targets import parse_target
 
   prepared = prepare_step(spec, parse_target("cpu:1"))
-  with tempfile.TemporaryDirectory() as dump:
+  with tempfile.TemporaryDirectory() as dump, _no_persistent_cache():
     compiled = prepared.lower().compile(compiler_options={
         "xla_dump_to": dump, "xla_dump_hlo_as_text": True,
         "xla_dump_hlo_module_re": "train_step", "xla_llvm_disable_expensive_passes": True})

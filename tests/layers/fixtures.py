@@ -1,7 +1,9 @@
 """Helpers shared by the layer tests."""
 
+import contextlib
 import math
 from typing import Any
+from unittest import mock
 
 import flax.linen as nn
 import jax
@@ -13,7 +15,7 @@ from flax import traverse_util
 from jax.sharding import NamedSharding
 
 from meshbayes import layers
-from meshbayes.layers import softplus_inverse
+from meshbayes.layers import estimators, softplus_inverse
 from meshbayes.partitioning import Partitioner
 
 # Sampled moments are checked within Z standard errors (tests/layers/test_estimator_moments.py).
@@ -161,3 +163,26 @@ def expected_bayesian(deterministic):
     else:
       out[path] = value
   return out
+
+
+# The estimators as they are, keeping what autodiff keeps (the layers use them regenerating).
+STORING = {
+    "DENSE": {"reparameterization": estimators.reparameterization,
+              "flipout": estimators.flipout,
+              "local_reparameterization": estimators.local_reparameterization},
+    "CONV": {"reparameterization": estimators.reparameterization,
+             "flipout": estimators.conv_flipout,
+             "local_reparameterization": estimators.local_reparameterization},
+    "LOOKUP": {"reparameterization": estimators.lookup_reparameterization,
+               "flipout": estimators.lookup_flipout,
+               "local_reparameterization": estimators.lookup_local_reparameterization},
+}
+
+
+@contextlib.contextmanager
+def storing_noise():
+  """The layers use the estimators as they are, keeping what autodiff keeps."""
+  with contextlib.ExitStack() as stack:
+    for table, entries in STORING.items():
+      stack.enter_context(mock.patch.dict(getattr(estimators, table), entries))
+    yield

@@ -9,7 +9,6 @@ layer type, on one device and on a 2 x 4 mesh.
 
 import contextlib
 import io
-from unittest import mock
 
 import flax.linen as nn
 import jax
@@ -25,30 +24,9 @@ from meshbayes.layers import attention, conv, embed, estimators
 from meshbayes.layers.dense import dense_class, dense_general_class
 from meshbayes.layers.variational import stddev_of_scale
 from meshbayes.partitioning import Partitioner
+from tests.layers.fixtures import STORING, storing_noise
 
 BAYESIAN = ("reparameterization", "flipout", "local_reparameterization")
-STORING = {
-    "DENSE": {"reparameterization": estimators.reparameterization,
-              "flipout": estimators.flipout,
-              "local_reparameterization": estimators.local_reparameterization},
-    "CONV": {"reparameterization": estimators.reparameterization,
-             "flipout": estimators.conv_flipout,
-             "local_reparameterization": estimators.local_reparameterization},
-    "LOOKUP": {"reparameterization": estimators.lookup_reparameterization,
-               "flipout": estimators.lookup_flipout,
-               "local_reparameterization": estimators.lookup_local_reparameterization},
-}
-
-
-@contextlib.contextmanager
-def storing_noise():
-  """The layers use the estimators as they are, keeping what autodiff keeps."""
-  with contextlib.ExitStack() as stack:
-    for table, entries in STORING.items():
-      stack.enter_context(mock.patch.dict(getattr(estimators, table), entries))
-    yield
-
-
 def _matmul(x, kernel, preferred_element_type=None):
   return lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())),
                          preferred_element_type=preferred_element_type)

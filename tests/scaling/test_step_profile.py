@@ -1,5 +1,6 @@
 """tools/step_profile.py: the compiled program's operations by kind, and a profile's times."""
 
+import argparse
 import json
 
 import jax
@@ -9,6 +10,7 @@ import pytest
 from meshbayes import layers
 from meshbayes.scaling import hlo
 from meshbayes.tools import step_profile
+from tests.layers.fixtures import storing_noise
 
 
 def bayesian_layer_gradient():
@@ -69,3 +71,31 @@ def test_the_tool_reports_each_program_by_kind_and_the_ablations_times(tmp_path,
   assert len(report["bayesian"]["top"]) == 3
   table = capsys.readouterr().out
   assert "| noise |" in table and "| constant_noise |" in table
+
+
+@pytest.mark.integration
+@pytest.mark.slow  # three train steps compiled without the compilation cache: about a minute
+def test_the_peak_buffers_by_kind_show_stored_noise_and_its_regeneration(tmp_path, capsys):
+  """The tiny preset's steps, compiled: the kinds add up to the live-range peak; the
+  deterministic step holds no noise; the Bayesian step's stored noise is at its peak and
+  regenerating takes it off (what docs/performance.md's tables measure at full size)."""
+  args = ["--sections=buffers", "--model=tiny", "--batch=8", "--length=16", "--top=3"]
+  regenerated = step_profile.main([*args, f"--json={tmp_path / 'r.json'}"])["buffers"]
+  with storing_noise():  # the deterministic step would be the same again: not compiled
+    stored = step_profile.buffer_report(step_profile.step_spec(
+        argparse.Namespace(model="tiny", batch=8, length=16, dtype=None,
+                                        remat_policy=None), deterministic=False), top=3)
+  assert "| noise |" in capsys.readouterr().out
+  for report in (regenerated["deterministic"], regenerated["bayesian"], stored):
+    assert sum(k["bytes"] for k in report["by_kind"].values()) == report["peak_bytes"]
+    assert report["by_kind"]["parameters"]["bytes"] > 0
+    assert report["by_kind"]["optimizer state"]["bytes"] > 0
+  det = regenerated["deterministic"]["by_kind"]
+  assert det["noise"]["bytes"] == det["estimator"]["bytes"] == 0
+  # Adam's two moments of every parameter.
+  bayes = regenerated["bayesian"]["by_kind"]
+  assert bayes["optimizer state"]["bytes"] >= 2 * bayes["parameters"]["bytes"]
+  noise = lambda r: r["by_kind"]["noise"]["bytes"] + r["by_kind"]["estimator"]["bytes"]
+  assert noise(stored) > 4 * max(noise(regenerated["bayesian"]), 1)
+  assert stored["temp_bytes"] > regenerated["bayesian"]["temp_bytes"]
+  assert json.loads((tmp_path / "r.json").read_text())["buffers"]["bayesian"]["temp_bytes"] > 0
