@@ -31,7 +31,8 @@ unrolled), ``xla_flops_per_device`` (XLA's cost analysis, which counts a loop
 body once), ``collectives`` (count, executed per step, bytes), and
 ``compile_seconds``; for TPU targets also ``collective_groups`` (each
 collective's replica groups: mesh axes and torus links they span),
-``hbm_bytes_per_device`` (bytes the program's operations move) and
+``hbm_bytes_per_device`` (bytes the program's operations move; both from
+``meshbayes.scaling.hlo_profile``) and
 ``roofline`` (the predicted step time on the target's generation,
 ``meshbayes.scaling.roofline``; the markdown's "Predicted step time" table).
 ``--from_json`` recomputes that table from existing JSON files without compiling.
@@ -223,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
   _set_up_jax(args, targets)
   import jax
 
-  from meshbayes.scaling import aot, report, roofline, search
+  from meshbayes.scaling import aot, hlo_profile, report, roofline, search
 
   base = _base_spec(args)
   json_path = Path(args.json)
@@ -240,8 +241,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     text = record.pop("hlo_text", None)
     if text is not None:  # which devices each collective runs between, and HBM bytes
       mesh = aot.make_partitioner(spec, target).mesh
-      record.update(roofline.program_profile(text, dict(mesh.shape),
-                                             roofline.mesh_chip_coords(mesh)))
+      record.update(hlo_profile.program_profile(text, dict(mesh.shape),
+                                                hlo_profile.mesh_chip_coords(mesh)))
       del text
     record["roofline"] = roofline.predictions(record)
     record.update(context)

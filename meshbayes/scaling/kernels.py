@@ -2,7 +2,7 @@
 
 On a GPU every top-level operation of the optimized HLO (a fusion, a cuBLAS
 call, a copy) is one kernel. ``avoidable_work`` sorts the kernels that run per
-step (loops unrolled, as ``roofline.program_profile`` counts them) into the
+step (loops unrolled, as ``hlo_profile.program_profile`` counts them) into the
 kinds of work a better-fused program would not do, with their HBM bytes:
 
 - ``attention_scores``: kernels other than GEMMs that read or write the
@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from meshbayes.scaling import hlo, roofline
+from meshbayes.scaling import hlo, hlo_profile
 
 KINDS = ("attention_scores", "copies", "transposes", "casts")
 # Operations that move nothing themselves inside a fused computation.
@@ -60,19 +60,19 @@ def avoidable_work(hlo_text: str, sequence_lengths: Iterable[int]) -> dict[str, 
   kernels = 0.0
   if entry is None:
     return {**found, "kernels": kernels}
-  runs, fused = roofline._executions(computations, entry)
-  fusions = roofline._Fusions(computations)
+  runs, fused = hlo_profile.runs_per_step(computations, entry)
+  fusions = hlo_profile.FusedComputations(computations)
   for name, times in runs.items():
     if name in fused or not times:
       continue
     shapes = {i.name: hlo.flat_shapes(i) for i in computations[name]}
     for instruction in computations[name]:
       opcode = instruction.opcode
-      if opcode in roofline._FREE or opcode.endswith("-done"):
+      if opcode in hlo_profile.FREE_OPCODES or opcode.endswith("-done"):
         continue
       kernels += times
       operands = [shapes.get(o, ()) for o in instruction.operands]
-      is_fusion = opcode in roofline._FUSIONS
+      is_fusion = opcode in hlo_profile.FUSION_OPCODES
       body = _body_opcodes(computations, instruction) if is_fusion else {opcode}
       if hlo.is_gemm_custom_call(instruction) or body & {"dot", "convolution"}:
         continue
@@ -88,7 +88,8 @@ def avoidable_work(hlo_text: str, sequence_lengths: Iterable[int]) -> dict[str, 
       else:
         continue
       moved = fusions.traffic(instruction, operands) if is_fusion else \
-          roofline._bytes(hlo.flat_shapes(instruction)) + sum(roofline._bytes(s) for s in operands)
+          (hlo_profile.shapes_bytes(hlo.flat_shapes(instruction))
+           + sum(hlo_profile.shapes_bytes(s) for s in operands))
       found[kind]["executed"] += times
       found[kind]["bytes"] += times * moved
   return {**found, "kernels": kernels}

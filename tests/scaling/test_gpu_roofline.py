@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from meshbayes.scaling import kernels, roofline
+from meshbayes.scaling import hlo_profile, kernels, roofline
 
 H200 = pathlib.Path(__file__).parent / "data" / "h200"
 
@@ -17,8 +17,8 @@ def base_det() -> str:
 
 
 def test_base_det_prediction_on_h200_is_the_published_one(base_det):
-  record = roofline.program_record(base_det, "h200", batch_size=32, input_length=256,
-                                   target_length=256)
+  record = hlo_profile.program_record(base_det, "h200", batch_size=32, input_length=256,
+                                      target_length=256)
   prediction = roofline.predict(record)
   by_kind = roofline.seconds_by_kind(record)
   # docs/performance.md, "GPU: the roofline against the measured steps" (milliseconds).

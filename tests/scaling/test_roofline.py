@@ -1,5 +1,6 @@
 """The roofline model of a compiled step (meshbayes.scaling.roofline): its arithmetic on
-hand-computed cases, the HLO it reads, its errors, and the tool's ``--from_json``.
+hand-computed cases, the HLO it reads (meshbayes.scaling.hlo_profile), its errors, and the
+tool's ``--from_json``.
 
 Nothing here compiles except the last test (marked ``tpu``; skipped without libtpu),
 which checks the profile of a real TPU program against ``hlo.analyze``.
@@ -12,7 +13,7 @@ import math
 
 import pytest
 
-from meshbayes.scaling import hlo, roofline
+from meshbayes.scaling import hlo, hlo_profile, roofline
 from meshbayes.scaling.roofline import HARDWARE, Hardware, TorusSpan
 
 # A chip with round numbers: 1e14 FLOP/s, 1e12 B/s of HBM, 1e11 B/s per link and direction.
@@ -203,19 +204,19 @@ def test_bad_arguments_name_the_value_and_what_is_valid():
     ("channel_id=3, source_target_pairs={{0,0},{1,1}}", [[0]]),
     ("channel_id=3, to_apply=%add", None)])
 def test_replica_group_forms(attributes, groups):
-  assert roofline.parse_replica_groups(attributes, 4) == groups
+  assert hlo_profile.parse_replica_groups(attributes, 4) == groups
 
 
 def test_groups_to_mesh_axes_and_torus_spans():
   mesh = {"data": 4, "model": 2}
-  assert roofline.group_axes([0, 2, 4, 6], mesh) == ["data"]
-  assert roofline.group_axes([0, 1], mesh) == ["model"]
-  assert roofline.group_axes(list(range(8)), mesh) == ["data", "model"]
+  assert hlo_profile.group_axes([0, 2, 4, 6], mesh) == ["data"]
+  assert hlo_profile.group_axes([0, 1], mesh) == ["model"]
+  assert hlo_profile.group_axes(list(range(8)), mesh) == ["data", "model"]
   # Two cores per chip (same coordinates) and a 2x2 slice of chips.
   coords = [(0, 0, 0), (0, 0, 0), (1, 0, 0), (1, 0, 0), (0, 1, 0), (0, 1, 0), (1, 1, 0),
             (1, 1, 0)]
-  assert roofline.torus_spans([0, 1], coords) == []  # the two cores of one chip
-  assert roofline.torus_spans([0, 2, 4, 6], coords) == [TorusSpan(2, 1, 2), TorusSpan(2, 1, 2)]
+  assert hlo_profile.torus_spans([0, 1], coords) == []  # the two cores of one chip
+  assert hlo_profile.torus_spans([0, 2, 4, 6], coords) == [TorusSpan(2, 1, 2), TorusSpan(2, 1, 2)]
 
 
 HLO = """HloModule m
@@ -272,7 +273,7 @@ ENTRY %main (w: f32[4,8], m: f32[8,8]) -> f32[16,8] {
 
 def test_program_profile_by_hand():
   coords = [(0, 0, 0), (1, 0, 0), (0, 1, 0), (1, 1, 0)]  # a 2x2 slice, one device per chip
-  profile = roofline.program_profile(HLO, {"data": 2, "model": 2}, coords)
+  profile = hlo_profile.program_profile(HLO, {"data": 2, "model": 2}, coords)
   groups = {g["kind"]: g for g in profile["collective_groups"]}
   reduce, gather = groups["all-reduce"], groups["all-gather"]
   # The all-reduce runs in the 4-trip loop, over {0,1}: the model axis, along x.
@@ -314,7 +315,7 @@ ENTRY %main (g: f32[8,16]) -> f32[8,4] {
 
 
 def test_a_sliced_all_reduce_is_a_reduce_scatter():
-  profile = roofline.program_profile(SCATTER, {"data": 4}, [(x, 0, 0) for x in range(4)])
+  profile = hlo_profile.program_profile(SCATTER, {"data": 4}, [(x, 0, 0) for x in range(4)])
   (group,) = profile["collective_groups"]
   assert (group["kind"], group["hlo_opcode"], group["group_size"]) == ("reduce-scatter",
                                                                       "all-reduce", 4)
@@ -329,7 +330,7 @@ def test_a_sliced_all_reduce_is_a_reduce_scatter():
 
 
 def test_program_profile_without_coordinates():
-  profile = roofline.program_profile(HLO, {"data": 2, "model": 2}, None)
+  profile = hlo_profile.program_profile(HLO, {"data": 2, "model": 2}, None)
   assert all(g["torus_spans"] is None for g in profile["collective_groups"])
   record = _record(collective_groups=profile["collective_groups"])
   assert roofline.predict(record, CHIP).communication_seconds > 0
@@ -389,8 +390,8 @@ def test_profile_of_a_tpu_program_matches_hlo_analyze():
   target = targets.parse_target("v2:2x2")
   record = aot.compile_step(spec, target, keep_hlo=True)
   mesh = aot.make_partitioner(spec, target).mesh
-  profile = roofline.program_profile(record["hlo_text"], dict(mesh.shape),
-                                     roofline.mesh_chip_coords(mesh))
+  profile = hlo_profile.program_profile(record["hlo_text"], dict(mesh.shape),
+                                        hlo_profile.mesh_chip_coords(mesh))
   totals = {}  # per HLO opcode, as hlo.analyze counts (a reduce-scatter's all-reduce: n shards)
   for g in profile["collective_groups"]:
     scale = g["group_size"] if g["kind"] != g["hlo_opcode"] else 1

@@ -5,7 +5,7 @@ import pathlib
 
 import pytest
 
-from meshbayes.scaling import roofline
+from meshbayes.scaling import hlo_profile, roofline
 from meshbayes.scaling.roofline import HARDWARE
 
 H200 = pathlib.Path(__file__).parent / "data" / "h200"
@@ -49,7 +49,7 @@ ENTRY %main (x: bf16[4,8], w: bf16[8,16], acc: f32[3,4,16], i: s32[]) -> f32[3,4
 
 
 def test_gpu_operations_by_kind_of_work():
-  profile = roofline.program_profile(GPU_HLO, {"data": 1})
+  profile = hlo_profile.program_profile(GPU_HLO, {"data": 1})
   ops = profile["operations_per_device"]
   # GEMM fusion and cuBLAS call each read x (64 B) and w (256 B) and write 4x16 bf16 (128 B);
   # the cuBLAS workspace (4096 B) is scratch, not traffic.
@@ -63,8 +63,8 @@ def test_gpu_operations_by_kind_of_work():
 
 
 def test_seconds_by_kind_add_up_to_the_prediction():
-  record = roofline.program_record(GPU_HLO, "h100", batch_size=1, input_length=4,
-                                   target_length=4)
+  record = hlo_profile.program_record(GPU_HLO, "h100", batch_size=1, input_length=4,
+                                      target_length=4)
   assert record["flops_per_device"] == 2 * (2 * 4 * 16 * 8)
   hw = HARDWARE["h100"]
   seconds = roofline.seconds_by_kind(record)
@@ -77,7 +77,7 @@ def test_seconds_by_kind_add_up_to_the_prediction():
 
 def test_bad_generation_and_unprofiled_records_are_refused():
   with pytest.raises(ValueError, match="generation='a100'"):
-    roofline.program_record(GPU_HLO, "a100", batch_size=1, input_length=4, target_length=4)
+    hlo_profile.program_record(GPU_HLO, "a100", batch_size=1, input_length=4, target_length=4)
   with pytest.raises(ValueError, match="no operations_per_device"):
     roofline.seconds_by_kind({"generation": "h200", "flops_per_device": 1.0, "target": "x"})
 
@@ -88,8 +88,8 @@ def test_the_h200_base_step_predicted_against_measured():
   assert HARDWARE["h200"].hbm_bytes_per_second_per_chip == 4.8e12
   assert HARDWARE["h100"].hbm_bytes_per_second_per_chip == 3.35e12
   text = gzip.decompress((H200 / "base_det_none.hlo.txt.gz").read_bytes()).decode()
-  record = roofline.program_record(text, "h200", batch_size=32, input_length=256,
-                                   target_length=256, model_flops_per_device=1.1650e13)
+  record = hlo_profile.program_record(text, "h200", batch_size=32, input_length=256,
+                                      target_length=256, model_flops_per_device=1.1650e13)
   assert record["unknown_trip_counts"] == 0
   prediction = roofline.predict(record)
   assert prediction.compute_seconds == pytest.approx(0.0118, rel=0.01)
