@@ -24,8 +24,10 @@ def steps():
                        learning_rate=optimizer.learning_rate, kl_weight=lambda s: 1.0)
 
 
-@pytest.mark.parametrize("data, model, rules", [(4, 2, "megatron"), (8, 1, "megatron"),
-                                                (2, 4, "fsdp_tp"), (1, 1, "megatron")])
+# make test restores on two other meshes, one per rule set; the other two are slow.
+@pytest.mark.parametrize("data, model, rules", [
+    (4, 2, "megatron"), pytest.param(8, 1, "megatron", marks=pytest.mark.slow),
+    (2, 4, "fsdp_tp"), pytest.param(1, 1, "megatron", marks=pytest.mark.slow)])
 def test_saved_on_2x4_restores_identically_on_other_meshes(tmp_path, data, model, rules):
   fns = steps()
   init = lambda k: init_train_state(MODEL, fns.optimizer, SHAPES, k)
