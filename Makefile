@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # module fixtures run once): 2 fills CI's 2 cores, most tests being single-threaded compiles.
 TEST_WORKERS ?= 2
 
-.PHONY: install data demo experiment demo-synthetic demo-layers examples test test-slow test-tpu clean scaling scaling-full roofline bench
+.PHONY: install data demo experiment demo-synthetic demo-layers examples planet test test-slow test-tpu clean scaling scaling-full roofline bench
 
 install: $(STAMP)
 
@@ -77,6 +77,15 @@ examples: data
 	$(PY) -m meshbayes.examples.vqvae_digits
 	$(PY) -m meshbayes.examples.pixel_mixture
 	OPENBLAS_NUM_THREADS=1 $(PY) -m meshbayes.examples.deep_gp_diabetes
+
+# PlaNet and Bayesian PlaNet (the transition's Dense layers DenseReparameterization) on the
+# pendulum from 32x32 pixels, 3 seeds each, seeds interleaved (docs/planet.md): returns,
+# time and memory ratios, weight KL, open-loop error, velocity probe. runs/planet/planet.json
+# and planet.png; about 40 minutes on 2 CPU cores (at most 55: estimated from a calibration);
+# a rerun reuses finished seeds.
+PLANET_DIR ?= runs/planet
+planet: $(STAMP)
+	$(PY) -m meshbayes.tools.planet --preset=cpu --seeds=3 --out=$(PLANET_DIR)
 
 test: $(STAMP)
 	$(PY) -m pytest -m 'not slow' -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)

@@ -1,0 +1,241 @@
+"""The PlaNet agent: collecting episodes, the replay buffer, and the training step.
+
+Collection runs a whole episode as one jitted scan: render the pendulum, update the
+posterior state with the image, plan with CEM over imagined rollouts (one transition
+weight sample per decision for a Bayesian agent), add exploration noise, and repeat the
+action ``action_repeat`` environment steps. Seed episodes act uniformly at random.
+
+The loss per decision (the unit of the data) is PlaNet's: the image's Gaussian NLL summed
+over pixels (unit variance, constant dropped), the reward's, and
+``max(free_nats, mean KL(posterior || prior))``; a Bayesian agent adds its transition
+weights' KL scaled as ``kl_penalty`` scales it, over ``D`` = the decisions in the replay
+buffer (passed as ``1 / D``, so the step compiles once while the buffer grows).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from meshbayes.planet import pendulum, rollout
+from meshbayes.planet.config import PlanetConfig
+from meshbayes.planet.model import LatentState, WorldModel, gaussian_kl, world_model
+from meshbayes.planet.planner import cem
+from meshbayes.planet.render import render
+
+Array = jax.Array
+ACTION_DIM = 1
+
+
+class Episode(NamedTuple):
+  """One episode, ``decisions + 1`` entries: entry ``t`` is the image seen at decision
+  ``t``, the action before it (0 at the start), the rewards that action earned over its
+  ``action_repeat`` environment steps (0 at the start) and the true angular velocity at
+  the image. Arrays, batch-free."""
+  images: Array
+  prev_actions: Array
+  rewards: Array
+  velocities: Array
+
+  @property
+  def total_return(self) -> float:
+    """The episode's return: the environment's rewards summed over its steps."""
+    return float(np.sum(self.rewards))
+
+
+class ReplayBuffer:
+  """Every collected episode, on the host; samples chunks of consecutive decisions."""
+
+  def __init__(self, config: PlanetConfig, capacity: int):
+    n, s = config.decisions + 1, config.image_size
+    self.config = config
+    self.images = np.zeros((capacity, n, s, s, 1), np.float32)
+    self.prev_actions = np.zeros((capacity, n, ACTION_DIM), np.float32)
+    self.rewards = np.zeros((capacity, n), np.float32)
+    self.velocities = np.zeros((capacity, n), np.float32)
+    self.episodes = 0
+
+  def add(self, episode: Episode) -> None:
+    """Stores ``episode``; a full buffer refuses it."""
+    if self.episodes == len(self.images):
+      raise ValueError(f"ReplayBuffer: full at {self.episodes} episodes")
+    for name in Episode._fields:
+      getattr(self, name)[self.episodes] = np.asarray(getattr(episode, name))
+    self.episodes += 1
+
+  @property
+  def decisions(self) -> int:
+    """Decisions (transitions with a reward) stored: the data size ``D`` of the ELBO."""
+    return self.episodes * self.config.decisions
+
+  def sample(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """``batch_size`` chunks of ``chunk_length`` entries, each after an episode's start."""
+    c = self.config
+    episode = rng.integers(0, self.episodes, c.batch_size)
+    start = rng.integers(1, c.decisions + 2 - c.chunk_length, c.batch_size)
+    index = start[:, None] + np.arange(c.chunk_length)
+    return {"images": self.images[episode[:, None], index],
+            "prev_actions": self.prev_actions[episode[:, None], index],
+            "rewards": self.rewards[episode[:, None], index]}
+
+
+class Agent:
+  """One agent's jitted functions (built once, shared by every seed of a config).
+
+  ``config.seed`` is not used here: ``init`` and the collection take keys.
+  """
+
+  def __init__(self, config: PlanetConfig):
+    self.config = config
+    self.model: WorldModel = world_model(config)
+    self.optimizer = optax.chain(optax.clip_by_global_norm(config.grad_clip),
+                                 optax.adam(config.learning_rate, eps=1e-4))
+    self._compiled = {}  # by name: each program compiled ahead of time at its first call
+    self.compile_seconds = 0.0
+    self.memory = None  # XLA's memory analysis of the train step
+
+  def init(self, key: Array):
+    """Parameters and optimizer state."""
+    s = self.config.image_size
+    params = self.call_compiled("init", self.model.init, key, jnp.zeros((1, s, s, 1)),
+                                jnp.zeros((1, ACTION_DIM)))["params"]
+    return params, self.optimizer.init(params)
+
+  # Training.
+
+  def loss(self, params, batch: dict[str, Array], key: Array, inverse_decisions: Array):
+    """The per-decision negative ELBO of a batch and its terms."""
+    c = self.config
+    key_noise, key_weights = jax.random.split(key)
+    images = batch["images"]
+    noise = jax.random.normal(key_noise, images.shape[:2] + (c.stoch_size,))
+    states, priors, posteriors = rollout.observe_sequence(
+        self.model, params, images, batch["prev_actions"], noise, key_weights)
+    variables = {"params": params}
+    predicted = self.model.apply(variables, states, method=WorldModel.decode)
+    image_nll = 0.5 * jnp.mean(jnp.sum(jnp.square(images - predicted), axis=(-3, -2, -1)))
+    rewards = self.model.apply(variables, states, method=WorldModel.reward)
+    # The reward model predicts the reward per environment step.
+    targets = batch["rewards"] / c.action_repeat
+    reward_nll = 0.5 * jnp.mean(jnp.square(targets - rewards))
+    latent_kl = jnp.mean(gaussian_kl(posteriors, priors))
+    weight_kl = rollout.weight_kl(self.model, params)
+    # kl_penalty's per-unit scaling, kl_weight * KL / D, with 1 / D traced.
+    loss = (image_nll + reward_nll + jnp.maximum(c.free_nats, latent_kl)
+            + c.weight_kl_weight * weight_kl * inverse_decisions)
+    return loss, {"loss": loss, "image_nll": image_nll, "reward_nll": reward_nll,
+                  "latent_kl": latent_kl, "weight_kl": weight_kl}
+
+  def _step(self, params, opt_state, batch, key, inverse_decisions):
+    grads, metrics = jax.grad(self.loss, has_aux=True)(params, batch, key, inverse_decisions)
+    updates, opt_state = self.optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, metrics
+
+  def call_compiled(self, name: str, function, *args):
+    """``function(*args)`` jitted, compiled ahead of time at the first call (its time added
+    to ``compile_seconds``), so timed calls never include a compile."""
+    if name not in self._compiled:
+      start = time.perf_counter()
+      self._compiled[name] = jax.jit(function).lower(*args).compile()
+      self.compile_seconds += time.perf_counter() - start
+    return self._compiled[name](*args)
+
+  def train_step(self, params, opt_state, batch, key, inverse_decisions):
+    """One Adam step: the new parameters, optimizer state and the loss's terms. The first
+    call compiles and keeps the XLA memory analysis in ``memory``."""
+    outputs = self.call_compiled("train_step", self._step, params, opt_state, batch, key,
+                                 jnp.asarray(inverse_decisions, jnp.float32))
+    if self.memory is None:
+      self.memory = memory_of(self._compiled["train_step"])
+    return outputs
+
+  def weight_kl(self, params) -> Array:
+    """The transition weights' KL from their prior (0 for the deterministic agent)."""
+    return self.call_compiled("weight_kl", functools.partial(rollout.weight_kl, self.model),
+                              params)
+
+  def random_episode(self, key: Array) -> "Episode":
+    """An episode of uniformly random actions."""
+    return self.call_compiled("random_episode", self._random_episode, key)
+
+  def policy_episode(self, params, key: Array, noise_stddev: float) -> "Episode":
+    """An episode of the planner's actions plus Gaussian noise of ``noise_stddev``."""
+    return self.call_compiled("policy_episode", self._policy_episode, params, key,
+                              jnp.asarray(noise_stddev, jnp.float32))
+
+  # Acting.
+
+  def plan(self, params, state: LatentState, key: Array) -> Array:
+    """The first action of CEM's plan from the posterior ``state`` (batch 1)."""
+    c = self.config
+    key_weights, key_cem = jax.random.split(key)
+
+    def objective(actions, key_noise):
+      initial = jax.tree.map(lambda x: jnp.broadcast_to(x, (len(actions),) + x.shape[1:]),
+                             state)
+      noise = jax.random.normal(key_noise, actions.shape[:2] + (c.stoch_size,))
+      _, rewards = rollout.imagine_sequence(self.model, params, initial, actions, noise,
+                                            key_weights)
+      return jnp.sum(rewards, axis=1)
+
+    plan = cem(objective, key_cem, horizon=c.horizon, action_dim=ACTION_DIM,
+               iterations=c.cem_iterations, candidates=c.cem_candidates, top_k=c.cem_top_k)
+    return plan[0]
+
+  def _episode(self, key: Array, choose) -> Episode:
+    c = self.config
+    key_reset, key_run = jax.random.split(key)
+
+    def decide(carry, t):
+      env, latent, prev_action = carry
+      image = render(env.theta, c.image_size)
+      latent, action = choose(jax.random.fold_in(key_run, t), image, latent, prev_action)
+      next_env, reward = pendulum.repeated_step(env, action[0], c.action_repeat)
+      return (next_env, latent, action), (image, action, reward, env.theta_dot)
+
+    latent = self.model.initial_state((1,))
+    carry = (pendulum.reset(key_reset), latent, jnp.zeros(ACTION_DIM))
+    (env, _, _), (images, actions, rewards, velocities) = jax.lax.scan(
+        decide, carry, jnp.arange(c.decisions))
+    return Episode(
+        images=jnp.concatenate([images, render(env.theta, c.image_size)[None]]),
+        prev_actions=jnp.concatenate([jnp.zeros((1, ACTION_DIM)), actions]),
+        rewards=jnp.concatenate([jnp.zeros(1), rewards]),
+        velocities=jnp.concatenate([velocities, env.theta_dot[None]]))
+
+  def _random_episode(self, key: Array) -> Episode:
+    def choose(key, image, latent, prev_action):
+      return latent, jax.random.uniform(key, (ACTION_DIM,), minval=-1.0, maxval=1.0)
+    return self._episode(key, choose)
+
+  def _policy_episode(self, params, key: Array, noise_stddev: Array) -> Episode:
+    variables = {"params": params}
+
+    def choose(key, image, latent, prev_action):
+      key_latent, key_plan, key_explore = jax.random.split(key, 3)
+      embed = self.model.apply(variables, image[None], method=WorldModel.encode)
+      noise = jax.random.normal(key_latent, (1, self.config.stoch_size))
+      latent, _, _ = self.model.apply(variables, latent, prev_action[None], embed, noise,
+                                      rngs={"sample": key_plan},
+                                      method=WorldModel.observe_step)
+      action = self.plan(params, latent, key_plan)
+      action = action + noise_stddev * jax.random.normal(key_explore, action.shape)
+      return latent, jnp.clip(action, -1.0, 1.0)
+    return self._episode(key, choose)
+
+
+def memory_of(compiled) -> dict[str, int]:
+  """XLA's memory analysis of a compiled program, in bytes."""
+  analysis = compiled.memory_analysis()
+  fields = ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes",
+            "generated_code_size_in_bytes")
+  memory = {name: int(getattr(analysis, name)) for name in fields}
+  memory["total_bytes"] = (memory["argument_size_in_bytes"] + memory["output_size_in_bytes"]
+                           + memory["temp_size_in_bytes"])
+  return memory

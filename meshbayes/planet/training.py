@@ -1,0 +1,129 @@
+"""One agent trained from scratch: seed episodes, then rounds of training and collection,
+then the held-out evaluation; returns the run's record (plain numbers, JSON-ready).
+
+A round is ``train_steps`` gradient steps on chunks sampled from every episode so far,
+then one episode collected by the planner with exploration noise. Afterwards
+``eval_episodes`` held-out episodes are collected without noise: their return, the
+open-loop prediction error, and the linear probe of the velocity (fitted on the replay
+buffer's latest episodes, scored on these).
+
+Every program is compiled ahead of time by the agent (``Agent.call_compiled``), once per
+agent; the record's times exclude compiles: seconds per train step, per collected
+episode, and the whole run (``wall_seconds``), with the agent's compile time apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from meshbayes.planet import probes
+from meshbayes.planet.agent import Agent, Episode, ReplayBuffer
+from meshbayes.planet.config import PlanetConfig
+
+PROBE_TRAIN_EPISODES = 8  # the replay buffer's latest episodes fit the velocity read-out
+
+
+def _blocked(tree):
+  return jax.block_until_ready(tree)
+
+
+def train(config: PlanetConfig, agent: Agent | None = None,
+          log: Callable[[str], None] | None = None) -> dict[str, object]:
+  """Trains and evaluates one agent with ``config.seed``; ``agent`` reuses compiled
+  functions of an equal config (seed aside)."""
+  agent = agent or Agent(config)
+  if dataclasses.replace(agent.config, seed=config.seed) != config:
+    raise ValueError("train: the agent was built for another config: "
+                     f"{agent.config} (seed aside) is not {config}")
+  log = log or (lambda message: None)
+  start, compiled_before = time.perf_counter(), agent.compile_seconds
+  key_init, key_collect, key_train, key_eval = jax.random.split(jax.random.key(config.seed), 4)
+  rng = np.random.default_rng(config.seed)
+  params, opt_state = agent.init(key_init)
+  buffer = ReplayBuffer(config, config.seed_episodes + config.train_episodes)
+  curve = {"env_steps": [], "return": [], "weight_kl": [], "loss": [], "image_nll": [],
+           "reward_nll": [], "latent_kl": []}
+  timing = {"train_seconds": 0.0, "train_steps_timed": 0, "collect_seconds": 0.0,
+            "collect_episodes": 0}
+
+  def collected(episode: Episode, metrics: dict[str, float] | None) -> None:
+    buffer.add(episode)
+    curve["env_steps"].append(buffer.episodes * config.episode_steps)
+    curve["return"].append(episode.total_return)
+    for name in ("weight_kl", "loss", "image_nll", "reward_nll", "latent_kl"):
+      curve[name].append(None if metrics is None else metrics[name])
+
+  for index in range(config.seed_episodes):
+    collected(_blocked(agent.random_episode(jax.random.fold_in(key_collect, index))), None)
+  step = 0
+  for round_index in range(config.train_episodes):
+    sums = {}
+    for _ in range(config.train_steps):
+      batch = buffer.sample(rng)
+      compiled = agent.compile_seconds
+      tic = time.perf_counter()
+      params, opt_state, metrics = _blocked(agent.train_step(
+          params, opt_state, batch, jax.random.fold_in(key_train, step), 1.0 / buffer.decisions))
+      if agent.compile_seconds == compiled:  # not the call that compiled
+        timing["train_seconds"] += time.perf_counter() - tic
+        timing["train_steps_timed"] += 1
+      step += 1
+      for name, value in metrics.items():
+        sums[name] = sums.get(name, 0.0) + float(value)
+    metrics = {name: value / config.train_steps for name, value in sums.items()}
+    compiled = agent.compile_seconds
+    tic = time.perf_counter()
+    episode = _blocked(agent.policy_episode(
+        params, jax.random.fold_in(key_collect, config.seed_episodes + round_index),
+        config.exploration_noise))
+    timing["collect_seconds"] += time.perf_counter() - tic - (agent.compile_seconds - compiled)
+    timing["collect_episodes"] += 1
+    collected(episode, metrics)
+    log(f"{config.estimator} seed {config.seed} round {round_index + 1}/"
+        f"{config.train_episodes}: return {episode.total_return:.1f}, "
+        f"loss {metrics['loss']:.2f}, weight KL {metrics['weight_kl']:.1f}")
+
+  evaluation = [_blocked(agent.policy_episode(params, jax.random.fold_in(key_eval, index), 0.0))
+                for index in range(config.eval_episodes)]
+  held_out = {name: jnp.stack([getattr(e, name) for e in evaluation]) for name in Episode._fields}
+  errors = agent.call_compiled(
+      "open_loop_error", functools.partial(probes.open_loop_error, agent.model,
+                                           context=config.open_loop_context,
+                                           steps=config.open_loop_steps),
+      params, held_out["images"], held_out["prev_actions"])
+  latest = slice(max(0, buffer.episodes - PROBE_TRAIN_EPISODES), buffer.episodes)
+  fit_episodes = len(range(buffer.episodes)[latest])
+  feats = np.asarray(agent.call_compiled(  # the fit's and the test's episodes in one call
+      "posterior_features", functools.partial(probes.posterior_features, agent.model), params,
+      jnp.concatenate([jnp.asarray(buffer.images[latest]), held_out["images"]]),
+      jnp.concatenate([jnp.asarray(buffer.prev_actions[latest]), held_out["prev_actions"]])))
+  flat = lambda x: x.reshape(-1, x.shape[-1])
+  r2 = probes.linear_probe_r2(flat(feats[:fit_episodes]), buffer.velocities[latest].reshape(-1),
+                              flat(feats[fit_episodes:]),
+                              np.asarray(held_out["velocities"]).reshape(-1))
+  return {
+      "config": dataclasses.asdict(config),
+      "curve": curve,
+      "eval_returns": [e.total_return for e in evaluation],
+      "open_loop_mse": np.asarray(errors).tolist(),
+      # The error of predicting a blank image: where a prediction has lost the rod.
+      "open_loop_blank_mse": float(np.mean(np.square(np.asarray(held_out["images"])[
+          :, config.open_loop_context:config.open_loop_context + config.open_loop_steps]))),
+      "velocity_probe_r2": r2,
+      "final_weight_kl": float(agent.weight_kl(params)),
+      "train_step_seconds": timing["train_seconds"] / max(1, timing["train_steps_timed"]),
+      "train_seconds": timing["train_seconds"],
+      "collect_seconds": timing["collect_seconds"],
+      "collect_episode_seconds": timing["collect_seconds"] / max(1, timing["collect_episodes"]),
+      "compile_seconds": agent.compile_seconds,
+      "train_step_memory": agent.memory,
+      # The whole run less the compiles it did (the first seed of an agent compiles).
+      "wall_seconds": time.perf_counter() - start - (agent.compile_seconds - compiled_before),
+  }

@@ -1,0 +1,36 @@
+"""``python -m meshbayes.tools.planet`` end to end at toy size: both agents, two seeds."""
+
+import json
+import os
+
+import pytest
+
+from meshbayes.tools import planet
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_tool_writes_the_report_and_resumes(tmp_path, capsys):
+  out = str(tmp_path / "planet")
+  summary = planet.main(["--preset=toy", "--seeds=2", f"--out={out}"])
+  assert set(summary["agents"]) == {"deterministic", "reparameterization"}
+  assert summary["agents"]["reparameterization"]["seeds"] == [0, 1]
+  ratios = summary["ratios_to_deterministic"]["reparameterization"]
+  assert 0.2 < ratios["train_step_time"] < 5 and 0.9 < ratios["train_step_memory_total"] < 2
+  with open(os.path.join(out, "planet.json")) as f:
+    assert json.load(f)["agents"]["deterministic"]["weight_kl"]["median"][-1] == 0.0
+  assert os.path.getsize(os.path.join(out, "planet.png")) > 10_000
+  # A rerun with the same settings reuses every finished run: nothing trains again.
+  capsys.readouterr()
+  again = planet.main(["--preset=toy", "--seeds=2", f"--out={out}"])
+  assert "round" not in capsys.readouterr().out
+  assert again["agents"] == summary["agents"]
+
+
+def test_tool_rejects_bad_arguments(capsys):
+  with pytest.raises(SystemExit):
+    planet.main(["--seeds=0"])
+  assert "--seeds=0 must be at least 1" in capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    planet.main(["--estimators=bayes", "--preset=toy"])
+  assert "estimator='bayes'" in capsys.readouterr().err

@@ -1,0 +1,92 @@
+"""PlaNet and Bayesian PlaNet on the pendulum from pixels, several seeds each: JSON and figure.
+
+The Bayesian Layers paper's Figures 10-11 in miniature (docs/planet.md): each seed trains
+the deterministic agent and the Bayesian one (the transition's Dense layers
+``DenseReparameterization``) with the same settings, seeds interleaved so a cut-short run
+still compares both. Each finished run is written to ``OUT/runs/ESTIMATOR_seedN.json`` and
+reused by a rerun with the same settings (so an interrupted run resumes); then
+``OUT/planet.json`` (the summary of ``meshbayes.planet.report``) and ``OUT/planet.png``.
+
+Run: ``python -m meshbayes.tools.planet --preset=cpu --seeds=3 --out=runs/planet``
+(``make planet``; ``--train_episodes`` and ``--train_steps`` resize a preset).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+
+from meshbayes.planet import report  # noqa: E402
+from meshbayes.planet.agent import Agent  # noqa: E402
+from meshbayes.planet.config import PRESETS  # noqa: E402
+from meshbayes.planet.training import train  # noqa: E402
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, object]:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
+  parser.add_argument("--seeds", type=int, default=3)
+  parser.add_argument("--estimators", default="deterministic,reparameterization")
+  parser.add_argument("--train_episodes", type=int, default=None)
+  parser.add_argument("--train_steps", type=int, default=None)
+  parser.add_argument("--out", default="runs/planet")
+  parser.add_argument("--title", default="")
+  args = parser.parse_args(argv)
+  if args.seeds < 1:
+    parser.error(f"--seeds={args.seeds} must be at least 1")
+  overrides = {name: getattr(args, name) for name in ("train_episodes", "train_steps")
+               if getattr(args, name) is not None}
+  estimators = [e for e in args.estimators.split(",") if e]
+  try:
+    configs = {e: dataclasses.replace(PRESETS[args.preset], estimator=e, **overrides)
+               for e in estimators}
+  except ValueError as error:
+    parser.error(str(error))
+  os.makedirs(os.path.join(args.out, "runs"), exist_ok=True)
+  agents = {e: Agent(config) for e, config in configs.items()}
+  records = {e: [] for e in estimators}
+  start = time.perf_counter()
+  for seed in range(args.seeds):
+    for estimator, config in configs.items():
+      config = dataclasses.replace(config, seed=seed)
+      path = os.path.join(args.out, "runs", f"{estimator}_seed{seed}.json")
+      record = None
+      if os.path.exists(path):
+        with open(path) as f:
+          record = json.load(f)
+        if record["config"] != dataclasses.asdict(config):
+          record = None  # other settings: train again
+      if record is None:
+        record = train(config, agents[estimator], log=lambda m: print(m, flush=True))
+        with open(path + ".tmp", "w") as f:
+          json.dump(record, f)
+        os.replace(path + ".tmp", path)
+      records[estimator].append(record)
+      print(f"{estimator} seed {seed}: held-out return {record['eval_returns']}, "
+            f"probe R^2 {record['velocity_probe_r2']:.3f}, "
+            f"{record['wall_seconds']:.0f} s ({time.perf_counter() - start:.0f} s so far)",
+            flush=True)
+  summary = report.summarize(records)
+  summary["preset"] = args.preset
+  summary["config"] = {e: dataclasses.asdict(c) for e, c in configs.items()}
+  summary["total_seconds"] = time.perf_counter() - start
+  with open(os.path.join(args.out, "planet.json"), "w") as f:
+    json.dump(summary, f, indent=2)
+  report.plot(summary, os.path.join(args.out, "planet.png"), args.title)
+  print(json.dumps({"ratios_to_deterministic": summary.get("ratios_to_deterministic"),
+                    **{e: {k: a[k] for k in ("eval_return_median", "velocity_probe_r2_median",
+                                              "train_step_seconds", "wall_seconds")}
+                       for e, a in summary["agents"].items()}}, indent=2))
+  print(f"wrote {args.out}/planet.json and {args.out}/planet.png")
+  return summary
+
+
+if __name__ == "__main__":
+  main()
