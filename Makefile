@@ -77,6 +77,7 @@ examples: data
 	$(PY) -m meshbayes.examples.vqvae_digits
 	$(PY) -m meshbayes.examples.pixel_mixture
 	OPENBLAS_NUM_THREADS=1 $(PY) -m meshbayes.examples.deep_gp_diabetes
+	OPENBLAS_NUM_THREADS=1 $(PY) -m meshbayes.examples.cox_process
 
 test: $(STAMP)
 	$(PY) -m pytest -m 'not slow' -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)

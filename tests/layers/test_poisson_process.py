@@ -1,4 +1,4 @@
-"""PoissonProcess: log_prob in closed form, thinning's counts and intensity, the quadrature's order."""
+"""PoissonProcess: log_prob in closed form, thinning's counts and intensity, quadrature order."""
 
 import math
 
