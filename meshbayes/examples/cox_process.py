@@ -35,8 +35,9 @@ pattern, the train fit divided by ``p``):
   train half) times its count, and against the constant rate; the standard
   error of the gap to the KDE (paired over the test points);
 * on ``synthetic_2d``: the relative L2 error of each intensity against the
-  truth, and the coverage of the pointwise 90% posterior band (the fraction
-  of the box where the truth lies between the 5% and 95% quantiles).
+  truth, the coverage of the pointwise 90% posterior band (the fraction of
+  the box where the truth lies between the 5% and 95% quantiles), and the
+  peak intensities.
 
 Run: ``python -m meshbayes.examples.cox_process --output_dir runs/cox``;
 writes ``cox_process.png`` (coal rate per year with its band, the 2-D truth,
@@ -217,7 +218,7 @@ class DeepGPRate(nn.Module):
     return self.base_rate / math.log(2.0) * jax.nn.softplus(f[..., 0])
 
 
-def _grid(cells: int, ndim: int) -> np.ndarray:
+def grid_midpoints(cells: int, ndim: int) -> np.ndarray:
   """Midpoints of ``cells ** ndim`` equal cells of the unit box, ``(cells ** ndim, ndim)``."""
   return quadrature_rule((0.0,) * ndim, (1.0,) * ndim, cells, "midpoint")[0].astype(np.float32)
 
@@ -226,7 +227,7 @@ def build_process(name: str, train: np.ndarray, config: CoxProcessConfig) -> Poi
   """The Cox process of one pattern: the deep GP rate in a ``PoissonProcess`` on the unit box."""
   ndim = train.shape[1]
   per_axis = config.coal_inducing if name == "coal" else config.inducing_per_axis
-  inducing = _grid(per_axis, ndim)
+  inducing = grid_midpoints(per_axis, ndim)
   rate = DeepGPRate(inducing_inputs=inducing, num_layers=config.num_layers,
                     base_rate=len(train) / 1.0, lengthscale_init=config.lengthscale_init,
                     hidden_scale_init=config.hidden_scale_init, jitter=config.jitter)
@@ -302,7 +303,7 @@ def fit_pattern(name: str, config: CoxProcessConfig, key: Array) -> dict[str, ob
   ndim = data["train"].shape[1]
   process = build_process(name, data["train"], config)
   params, curve, seconds = train(process, data["train"], key, config)
-  grid = _grid(config.grid, ndim)
+  grid = grid_midpoints(config.grid, ndim)
   draws = posterior_rates(process, params, np.concatenate([grid, data["test"]]),
                           jax.random.fold_in(key, 1), config.num_samples)
   mean, low, high = draws.mean(0), np.quantile(draws, 0.05, 0), np.quantile(draws, 0.95, 0)
@@ -340,6 +341,9 @@ def fit_pattern(name: str, config: CoxProcessConfig, key: Array) -> dict[str, ob
         for method, key_ in (("cox_process", "mean"), ("kernel_density", "kde"),
                              ("constant_rate", "constant"))}
     result["coverage_90"] = float(np.mean((truth >= whole["low"]) & (truth <= whole["high"])))
+    result["peak_intensity"] = {"truth": float(truth.max()),
+                                "cox_process": float(whole["mean"].max()),
+                                "kernel_density": float(whole["kde"].max())}
     whole["truth"] = truth
   result["_plot"] = {"grid": grid, "data": data, **whole}
   return result
@@ -394,7 +398,8 @@ def _plot(path: str, plots: dict, results: dict, cells: int) -> None:
                              f" (KDE {r['relative_l2_error']['kernel_density']:.3f})"),
         (axes[2], p["high"] - p["low"], f"90% band width: coverage {r['coverage_90']:.2f}")):
       shown = ax.imshow(image(values), origin="lower", extent=(0, 1, 0, 1), cmap="viridis",
-                        vmin=0.0, vmax=top if ax is not axes[2] else None)
+                        interpolation="nearest", vmin=0.0,
+                        vmax=top if ax is not axes[2] else None)
       fig.colorbar(shown, ax=ax, fraction=0.046)
       for part, color in (("train", "tab:red"), ("test", "white")):
         ax.scatter(*p["data"][part].T, s=2, color=color, alpha=0.7, label=f"{part} half")

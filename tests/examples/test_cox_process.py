@@ -52,7 +52,7 @@ def test_patterns_and_their_split():
                                               high=(1.0, 1.0)).integrated_rate())
   assert abs(count - expected) < 4.5 * math.sqrt(expected)
   # The thinning sampler's bound in load_pattern is above the truth's maximum.
-  grid = cox_process._grid(200, 2)
+  grid = cox_process.grid_midpoints(200, 2)
   assert float(jnp.max(cox_process.synthetic_intensity(jnp.asarray(grid)))) < 3100.0
 
 

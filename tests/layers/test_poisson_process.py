@@ -82,7 +82,7 @@ def test_thinned_samples_have_the_intensity_of_an_inhomogeneous_rate():
   chi_square = float(np.sum(np.square(observed - expected) / expected))
   assert chi_square < stats.chi2.ppf(1 - 1e-5, 25), chi_square
   assert np.max(np.abs(observed - expected) / np.sqrt(expected)) < 4.5
-  # The cells span 20x in intensity (the peak's cell against a corner's).
+  # The cells differ 6x in expected count (the peak's cell against a corner's).
   assert expected.max() / expected.min() > 5
 
 
@@ -103,7 +103,7 @@ def _integral(rate_fn, order, quadrature, low=(0.0, 0.0), high=(1.0, 2.0)):
 def test_midpoint_rule_converges_at_second_order():
   errors = [abs(_integral(_smooth, n, "midpoint") - SMOOTH_INTEGRAL) for n in (4, 8, 16, 32)]
   ratios = np.array(errors[:-1]) / np.array(errors[1:])
-  # O(h^2): the error quarters each time the cells per axis double (measured 3.96 to 4.0).
+  # O(h^2): the error quarters each time the cells per axis double (measured 4.09, 4.02, 4.00).
   np.testing.assert_allclose(ratios, 4.0, rtol=0.05)
 
 
