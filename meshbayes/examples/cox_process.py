@@ -15,12 +15,12 @@ and step (``--steps`` full-batch Adam steps).
 Data, both mapped to the unit box:
 
 * ``coal``: the 191 British coal-mining explosions with 10 or more deaths,
-  15 March 1851 to 22 March 1962 (Jarrett, 1979, as corrected in Hand et al.,
-  1994, *A Handbook of Small Data Sets*; R's ``boot::coal``, decimal years),
+  15 March 1851 to 22 March 1962 (Jarrett, 1979; as given in Hand et al.,
+  1994, *A Handbook of Small Data Sets*, and R's ``boot::coal``, decimal years),
   embedded below (``COAL_DISASTERS``), on the window 1851.0 to 1962.25.
 * ``synthetic_2d``: a pattern drawn (by the layer's thinning sampler, seeded)
   from the known intensity ``synthetic_intensity`` on the unit square, two
-  Gaussian bumps over a floor (about 460 points expected).
+  Gaussian bumps over a floor (450 points expected).
 
 Each pattern is split by independent thinning with ``p = 0.5`` into a train
 and a test half: two independent Poisson processes of intensity ``p * rate``,
@@ -229,7 +229,8 @@ def build_process(name: str, train: np.ndarray, config: CoxProcessConfig) -> Poi
   per_axis = config.coal_inducing if name == "coal" else config.inducing_per_axis
   inducing = grid_midpoints(per_axis, ndim)
   rate = DeepGPRate(inducing_inputs=inducing, num_layers=config.num_layers,
-                    base_rate=len(train) / 1.0, lengthscale_init=config.lengthscale_init,
+                    base_rate=float(len(train)),  # n_train / |B|, the unit box's volume 1
+                    lengthscale_init=config.lengthscale_init,
                     hidden_scale_init=config.hidden_scale_init, jitter=config.jitter)
   order = config.coal_quadrature if name == "coal" else config.quadrature_per_axis
   return PoissonProcess(rate=rate, low=(0.0,) * ndim, high=(1.0,) * ndim, quadrature_order=order)

@@ -17,7 +17,11 @@ intensity ``rate(x) > 0`` has the log density (against the unit-rate process)::
   when ``n`` doubles, for rates with continuous second derivatives).
 * ``log_prob(points, mask)``: point sets padded to a fixed size, ``points``
   ``(..., N, d)`` with ``mask`` ``(..., N)`` (True: a real point), one number
-  per set; ``-inf`` if a real point lies outside the box.
+  per set; ``-inf`` if a real point lies outside the box. The rate is called
+  once, at the points and the quadrature nodes together. Each term involves
+  one location, so with a stochastic rate drawing one value per location (a
+  sparse GP's marginals) it is an unbiased estimate of ``E_q[log p(X)]``,
+  the expected log-likelihood of a Cox process's ELBO.
 * ``sample(key, sample_shape)``: thinning (Lewis & Shedler, 1979): a
   homogeneous process of rate ``bound >= max rate`` (``Poisson(bound |B|)``
   uniform proposals), each kept with probability ``rate(x) / bound``.
@@ -177,8 +181,8 @@ class PoissonProcessDistribution:
                        f"(..., N, {self.ndim}): point sets in the {self.ndim}-D box")
     mask = (jnp.ones(points.shape[:-1], bool) if mask is None
             else jnp.broadcast_to(jnp.asarray(mask, bool), points.shape[:-1]))
-    # One call of the rate at the points and the quadrature nodes together: a GP rate
-    # factorizes its inducing covariance once, and the program holds one copy of it.
+    # One call at the points and the nodes together: a GP rate factorizes its inducing
+    # covariance once, and the compiled program holds one copy of the rate.
     nodes, weights = quadrature_rule(self.low, self.high, self.quadrature_order, self.quadrature)
     flat = points.reshape(-1, self.ndim)
     rates = self.rate_fn(jnp.concatenate([flat, jnp.asarray(nodes, flat.dtype)]))
