@@ -77,6 +77,7 @@ examples: data
 	$(PY) -m meshbayes.examples.vqvae_digits
 	$(PY) -m meshbayes.examples.pixel_mixture
 	OPENBLAS_NUM_THREADS=1 $(PY) -m meshbayes.examples.deep_gp_diabetes
+	OPENBLAS_NUM_THREADS=1 $(PY) -m meshbayes.examples.cox_process
 
 # PlaNet and Bayesian PlaNet (the transition's Dense layers DenseReparameterization) on the
 # pendulum from 32x32 pixels, 3 seeds each, seeds interleaved (docs/planet.md): returns,

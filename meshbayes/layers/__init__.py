@@ -3,7 +3,8 @@
 Each layer keeps its flax twin's constructor and call; see ``dense``,
 ``embed``, ``conv``, ``variational_dropout``, ``lstm`` and ``attention``; ``bayesianize``
 makes any flax model of flax's own layers Bayesian. Layers over functions and
-activations: ``gaussian_process``, ``stochastic_outputs`` (tensor in,
+activations: ``gaussian_process``, ``poisson_process`` (the point process of a
+rate function on a box), ``stochastic_outputs`` (tensor in,
 TensorFlow Probability distribution out; ``Normal`` here is that output layer,
 the weight posterior is ``estimators.Normal``), ``reversible`` (flows) and
 ``vector_quantization``. Estimators are pure functions in ``estimators``;
@@ -63,6 +64,7 @@ from meshbayes.layers.lstm import (
 )
 from meshbayes.layers.kl import KL_COLLECTION, KL_NAME, kl_penalty, total_kl
 from meshbayes.layers.moped import moped_params
+from meshbayes.layers.poisson_process import PoissonProcess, PoissonProcessDistribution
 from meshbayes.layers.priors import (
                                     NormalPrior,
                                     Prior,
@@ -160,6 +162,8 @@ __all__ = [
                                     "Normal",
                                     "NormalPrior",
                                     "ParameterCounts",
+                                    "PoissonProcess",
+                                    "PoissonProcessDistribution",
                                     "Prior",
                                     "ScaleMixtureNormalPrior",
                                     "TrainableNormalPrior",

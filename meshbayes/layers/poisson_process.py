@@ -1,0 +1,290 @@
+"""Inhomogeneous Poisson process on a box: a Cox process's output layer (Tran et al., 2019, Fig. 8).
+
+A point pattern ``X = {x_1, ..., x_n}`` in the box ``B = [low, high]`` (1-D,
+2-D, any ``d``; the quadrature grid has ``quadrature_order ** d`` nodes) with
+intensity ``rate(x) > 0`` has the log density (against the unit-rate process)::
+
+  log p(X) = sum_i log rate(x_i) - integral_B rate(x) dx
+
+``PoissonProcessDistribution`` holds the rate as a function of locations
+``(..., d) -> (...)`` and is TFP-shaped but pure JAX (no TensorFlow import):
+
+* ``integrated_rate()``: the integral by a tensor-product quadrature rule,
+  ``quadrature='gauss_legendre'`` (default; ``n = quadrature_order`` nodes per
+  axis, exact for polynomials of degree ``2 n - 1`` in each coordinate, so for
+  smooth rates the error falls faster than any power of ``1 / n``) or
+  ``'midpoint'`` (``n`` equal cells per axis, error ``O(n^-2)``: a quarter
+  when ``n`` doubles, for rates with continuous second derivatives).
+* ``log_prob(points, mask)``: point sets padded to a fixed size, ``points``
+  ``(..., N, d)`` with ``mask`` ``(..., N)`` (True: a real point), one number
+  per set; ``-inf`` if a real point lies outside the box. The rate is called
+  once, at the points and the quadrature nodes together. Each term involves
+  one location, so with a stochastic rate drawing one value per location (a
+  sparse GP's marginals) it is an unbiased estimate of ``E_q[log p(X)]``,
+  the expected log-likelihood of a Cox process's ELBO.
+* ``sample(key, sample_shape)``: thinning (Lewis & Shedler, 1979): a
+  homogeneous process of rate ``bound >= max rate`` (``Poisson(bound |B|)``
+  uniform proposals), each kept with probability ``rate(x) / bound``.
+  Fixed-size outputs, so it jits: ``points`` ``(*sample_shape, max_points,
+  d)`` and ``mask``, the kept points first. ``rate_bound`` gives the bound;
+  ``None`` estimates it as ``rate_bound_margin`` (1.5) times the largest rate
+  on a uniform grid of ``2 * quadrature_order + 1`` points per axis (edges
+  included): exact sampling needs the true maximum below it, which the margin
+  covers for rates smooth at the grid's scale. Proposals beyond
+  ``max_points`` are dropped (``truncation_probability()`` says how often).
+  The rate is taken as a fixed function: a stochastic one (a GP's marginal
+  samples) must be fixed first, e.g. to its posterior mean.
+
+``PoissonProcess`` is the flax layer: its ``rate`` is a flax module (or any
+function) of the locations, a child of the layer, and calling the layer
+returns the distribution of that rate. A flax rate's parameters are bound only
+inside ``apply``: evaluate ``log_prob`` and ``sample`` there (the example uses
+``apply(..., method=...)``), or build ``PoissonProcessDistribution`` directly
+from a pure rate function.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+RateFn = Callable[[Array], Array]
+QUADRATURES = ("gauss_legendre", "midpoint")
+
+
+def quadrature_rule(low: Sequence[float], high: Sequence[float], order: int,
+                    quadrature: str = "gauss_legendre") -> tuple[np.ndarray, np.ndarray]:
+  """Nodes ``(order ** d, d)`` and weights ``(order ** d,)`` of a tensor-product rule on a box.
+
+  >>> nodes, weights = quadrature_rule((0.0,), (2.0,), 3)
+  >>> nodes.shape, round(float(weights.sum()), 12)   # the weights sum to the volume
+  ((3, 1), 2.0)
+  """
+  if quadrature == "gauss_legendre":
+    unit_nodes, unit_weights = np.polynomial.legendre.leggauss(order)  # on [-1, 1]
+    unit_nodes, unit_weights = (unit_nodes + 1.0) / 2.0, unit_weights / 2.0
+  elif quadrature == "midpoint":
+    unit_nodes, unit_weights = (np.arange(order) + 0.5) / order, np.full(order, 1.0 / order)
+  else:
+    raise ValueError(f"quadrature={quadrature!r} is not one of {', '.join(QUADRATURES)}")
+  low, high = np.asarray(low, np.float64), np.asarray(high, np.float64)
+  axes = [lo + (hi - lo) * unit_nodes for lo, hi in zip(low, high)]
+  nodes = np.stack([a.ravel() for a in np.meshgrid(*axes, indexing="ij")], axis=-1)
+  weights = np.prod(np.meshgrid(*[(hi - lo) * unit_weights for lo, hi in zip(low, high)],
+                                indexing="ij"), axis=0).ravel()
+  return nodes, weights
+
+
+def _check_box(owner: str, low: Sequence[float], high: Sequence[float]) -> None:
+  if len(low) == 0 or len(low) != len(high):
+    raise ValueError(f"{owner}: low={tuple(low)} and high={tuple(high)} must be sequences of "
+                     "one bound per dimension, of equal length >= 1")
+  if not all(math.isfinite(lo) and math.isfinite(hi) and hi > lo for lo, hi in zip(low, high)):
+    raise ValueError(f"{owner}: the box low={tuple(low)}, high={tuple(high)} must be finite "
+                     "with high > low in every dimension")
+
+
+@dataclasses.dataclass(frozen=True)
+class PoissonProcessDistribution:
+  """An inhomogeneous Poisson process on a box (pure functions; see the module docstring).
+
+  Example (a constant rate of 50 on ``[0, 2] x [0, 1]``: 100 points expected)::
+
+    >>> import jax, jax.numpy as jnp
+    >>> process = PoissonProcessDistribution(lambda x: jnp.full(x.shape[:-1], 50.0),
+    ...                                      low=(0.0, 0.0), high=(2.0, 1.0))
+    >>> round(float(process.integrated_rate()), 4)
+    100.0
+    >>> points, mask = jax.jit(lambda key: process.sample(key, (3,)))(jax.random.key(0))
+    >>> points.shape, mask.shape
+    ((3, 256, 2), (3, 256))
+    >>> log_prob = process.log_prob(points, mask)   # sum_i log 50 - 100, per set
+    >>> bool(jnp.allclose(log_prob, mask.sum(-1) * jnp.log(50.0) - 100.0))
+    True
+
+  Attributes:
+    rate_fn: the intensity, locations ``(..., d)`` to positive rates ``(...)``.
+    low: the box's lower corner, one number per dimension.
+    high: the box's upper corner.
+    quadrature: ``'gauss_legendre'`` or ``'midpoint'`` (the integral's rule).
+    quadrature_order: nodes (cells) per axis of the rule.
+    rate_bound: the thinning bound ``>= max rate``; None: estimated on a grid.
+    rate_bound_margin: the estimated bound's factor over the grid's largest rate.
+    max_points: the fixed size of a sample (proposals beyond it are dropped).
+  """
+
+  rate_fn: RateFn
+  low: Sequence[float] = (0.0,)
+  high: Sequence[float] = (1.0,)
+  quadrature: str = "gauss_legendre"
+  quadrature_order: int = 32
+  rate_bound: float | Array | None = None
+  rate_bound_margin: float = 1.5
+  max_points: int = 256
+
+  def __post_init__(self):
+    owner = "PoissonProcess"
+    object.__setattr__(self, "low", tuple(float(v) for v in np.atleast_1d(self.low)))
+    object.__setattr__(self, "high", tuple(float(v) for v in np.atleast_1d(self.high)))
+    _check_box(owner, self.low, self.high)
+    if self.quadrature not in QUADRATURES:
+      raise ValueError(f"{owner}: quadrature={self.quadrature!r} is not one of "
+                       f"{', '.join(QUADRATURES)}")
+    if not isinstance(self.quadrature_order, int) or self.quadrature_order < 1:
+      raise ValueError(f"{owner}: quadrature_order={self.quadrature_order!r} must be a "
+                       "positive int (nodes per axis)")
+    if not isinstance(self.max_points, int) or self.max_points < 1:
+      raise ValueError(f"{owner}: max_points={self.max_points!r} must be a positive int")
+    if not self.rate_bound_margin >= 1.0:
+      raise ValueError(f"{owner}: rate_bound_margin={self.rate_bound_margin!r} must be >= 1")
+    if isinstance(self.rate_bound, (int, float)) and not self.rate_bound > 0:
+      raise ValueError(f"{owner}: rate_bound={self.rate_bound!r} must be positive (or None: "
+                       "estimated on a grid)")
+
+  @property
+  def ndim(self) -> int:
+    """Dimension ``d`` of the locations."""
+    return len(self.low)
+
+  @property
+  def volume(self) -> float:
+    """The box's volume ``|B|``."""
+    return float(np.prod(np.subtract(self.high, self.low)))
+
+  def integrated_rate(self) -> Array:
+    """``integral_B rate(x) dx`` by the quadrature rule: the expected number of points."""
+    nodes, weights = quadrature_rule(self.low, self.high, self.quadrature_order, self.quadrature)
+    rates = self.rate_fn(jnp.asarray(nodes, jnp.float32))
+    return jnp.sum(jnp.asarray(weights, rates.dtype) * rates)
+
+  def log_prob(self, points: Array, mask: Array | None = None) -> Array:
+    """``sum_i log rate(x_i) - integral_B rate``, one number per point set.
+
+    Args:
+      points: ``(..., N, d)`` locations, padded to ``N``.
+      mask: ``(..., N)``, True for the real points (None: all are).
+
+    Returns:
+      ``(...)``: the log density of each set; ``-inf`` where a real point is
+      outside the box.
+    """
+    points = jnp.asarray(points)
+    if points.ndim < 2 or points.shape[-1] != self.ndim:
+      raise ValueError(f"PoissonProcess.log_prob: points of shape {points.shape} must be "
+                       f"(..., N, {self.ndim}): point sets in the {self.ndim}-D box")
+    mask = (jnp.ones(points.shape[:-1], bool) if mask is None
+            else jnp.broadcast_to(jnp.asarray(mask, bool), points.shape[:-1]))
+    # One call at the points and the nodes together: a GP rate factorizes its inducing
+    # covariance once, and the compiled program holds one copy of the rate.
+    nodes, weights = quadrature_rule(self.low, self.high, self.quadrature_order, self.quadrature)
+    flat = points.reshape(-1, self.ndim)
+    rates = self.rate_fn(jnp.concatenate([flat, jnp.asarray(nodes, flat.dtype)]))
+    integral = jnp.sum(jnp.asarray(weights, rates.dtype) * rates[len(flat):])
+    rates = rates[:len(flat)].reshape(points.shape[:-1])
+    # Padding's rate is replaced before the log: no log(0) NaN in the gradient.
+    log_rates = jnp.where(mask, jnp.log(jnp.where(mask, rates, 1.0)), 0.0)
+    inside = jnp.all((points >= jnp.asarray(self.low)) & (points <= jnp.asarray(self.high)), -1)
+    total = jnp.sum(log_rates, axis=-1) - integral
+    return jnp.where(jnp.any(mask & ~inside, axis=-1), -jnp.inf, total)
+
+  def thinning_bound(self) -> Array:
+    """The bound the thinning uses: ``rate_bound``, or the margin times the grid's largest rate."""
+    if self.rate_bound is not None:
+      return jnp.asarray(self.rate_bound, jnp.float32)
+    axes = [np.linspace(lo, hi, 2 * self.quadrature_order + 1)
+            for lo, hi in zip(self.low, self.high)]
+    grid = np.stack([a.ravel() for a in np.meshgrid(*axes, indexing="ij")], axis=-1)
+    return self.rate_bound_margin * jnp.max(self.rate_fn(jnp.asarray(grid, jnp.float32)))
+
+  def truncation_probability(self) -> Array:
+    """``P(Poisson(bound |B|) > max_points)``: how often a sample drops proposals."""
+    return 1.0 - jax.scipy.stats.poisson.cdf(self.max_points,
+                                             self.thinning_bound() * self.volume)
+
+  def sample(self, key: Array, sample_shape: Sequence[int] = ()) -> tuple[Array, Array]:
+    """Point sets by thinning: ``points`` ``(*sample_shape, max_points, d)`` and their ``mask``.
+
+    The kept points come first in each set (``points[..., :mask.sum(-1), :]``);
+    the padding holds rejected proposals, to be ignored.
+    """
+    sample_shape = tuple(sample_shape)
+    bound = self.thinning_bound()
+    low, high = jnp.asarray(self.low), jnp.asarray(self.high)
+
+    def one(key):
+      key_count, key_where, key_keep = jax.random.split(key, 3)
+      # The proposals' number is the arrivals of a unit-rate process before bound |B|:
+      # Poisson(bound |B|), from cumulated exponential gaps (cheaper to compile than
+      # jax.random.poisson's rejection loop).
+      arrivals = jnp.cumsum(jax.random.exponential(key_count, (self.max_points,)))
+      proposed = arrivals < bound * self.volume
+      proposals = low + (high - low) * jax.random.uniform(key_where, (self.max_points, self.ndim))
+      kept = proposed & (jax.random.uniform(key_keep, (self.max_points,)) * bound
+                         < self.rate_fn(proposals))
+      # A stable partition, kept points first: each goes to its rank within its group.
+      rank = jnp.where(kept, jnp.cumsum(kept) - 1, jnp.sum(kept) + jnp.cumsum(~kept) - 1)
+      return (jnp.zeros_like(proposals).at[rank].set(proposals),
+              jnp.zeros_like(kept).at[rank].set(kept))
+
+    keys = jax.random.split(key, math.prod(sample_shape))
+    points, mask = jax.vmap(one)(keys)
+    return (points.reshape(sample_shape + points.shape[1:]),
+            mask.reshape(sample_shape + mask.shape[1:]))
+
+
+class PoissonProcess(nn.Module):
+  """Layer returning the Poisson process of its ``rate`` on the box ``[low, high]``.
+
+  Example (a rate of one Dense layer through softplus; ``log_prob`` inside ``apply``)::
+
+    >>> import jax, jax.numpy as jnp, flax.linen as nn
+    >>> class Rate(nn.Module):
+    ...   @nn.compact
+    ...   def __call__(self, x):
+    ...     return 10.0 * jax.nn.softplus(nn.Dense(1)(x))[..., 0]
+    >>> layer = PoissonProcess(rate=Rate(), low=(0.0,), high=(1.0,), quadrature_order=16)
+    >>> variables = layer.init(jax.random.key(0))
+    >>> jax.tree.map(jnp.shape, variables['params'])
+    {'rate': {'Dense_0': {'bias': (1,), 'kernel': (1, 1)}}}
+    >>> points = jnp.array([[[0.2], [0.7], [0.0]]])   # one set, its last point padding
+    >>> log_prob = layer.apply(variables, method=lambda m: m().log_prob(points, [[1, 1, 0]]))
+    >>> log_prob.shape
+    (1,)
+
+  Attributes:
+    rate: the intensity: a flax module (a child of this layer) or a function
+      mapping locations ``(..., d)`` to positive rates ``(...)``.
+    low: the box's lower corner, one number per dimension.
+    high: the box's upper corner.
+    quadrature: ``'gauss_legendre'`` or ``'midpoint'`` (the integral's rule).
+    quadrature_order: nodes (cells) per axis of the rule.
+    rate_bound: the thinning bound ``>= max rate``; None: estimated on a grid.
+    rate_bound_margin: the estimated bound's factor over the grid's largest rate.
+    max_points: the fixed size of a sample.
+  """
+
+  rate: RateFn
+  low: Sequence[float] = (0.0,)
+  high: Sequence[float] = (1.0,)
+  quadrature: str = "gauss_legendre"
+  quadrature_order: int = 32
+  rate_bound: float | None = None
+  rate_bound_margin: float = 1.5
+  max_points: int = 256
+
+  def __call__(self) -> PoissonProcessDistribution:
+    """The process of ``rate`` (bound to this call's parameters: use it inside ``apply``)."""
+    process = PoissonProcessDistribution(
+        self.rate, low=self.low, high=self.high, quadrature=self.quadrature,
+        quadrature_order=self.quadrature_order, rate_bound=self.rate_bound,
+        rate_bound_margin=self.rate_bound_margin, max_points=self.max_points)
+    if self.is_initializing():
+      process.integrated_rate()  # one call of the rate creates its parameters
+    return process
