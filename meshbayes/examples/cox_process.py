@@ -51,15 +51,14 @@ import dataclasses
 import json
 import math
 import os
-import time
 from collections.abc import Callable, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
+from meshbayes.examples import full_batch
 from meshbayes.layers import KL_COLLECTION, PoissonProcess, PoissonProcessDistribution, total_kl
 from meshbayes.layers.gaussian_process import SparseGaussianProcess
 from meshbayes.layers.poisson_process import quadrature_rule
@@ -242,8 +241,6 @@ def train(process: PoissonProcess, points: np.ndarray, key: Array, config: CoxPr
   points = jnp.asarray(points)
   key_init, key_train = jax.random.split(key)
   params = nn.unbox(jax.jit(process.init)(key_init)["params"])
-  optimizer = optax.adam(config.learning_rate)
-  opt_state = optimizer.init(params)
 
   def loss_fn(params, key):
     log_prob, state = process.apply({"params": params}, rngs={"sample": key},
@@ -251,18 +248,7 @@ def train(process: PoissonProcess, points: np.ndarray, key: Array, config: CoxPr
                                     method=lambda m: m().log_prob(points))
     return (total_kl(state) - log_prob) / len(points)
 
-  @jax.jit
-  def step(params, opt_state, index):
-    loss, grads = jax.value_and_grad(loss_fn)(params, jax.random.fold_in(key_train, index))
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-
-  curve, start = [], time.perf_counter()
-  for i in range(config.steps):
-    params, opt_state, loss = step(params, opt_state, i)
-    if i % 20 == 0 or i == config.steps - 1:
-      curve.append(float(loss))
-  return params, curve, time.perf_counter() - start
+  return full_batch.fit(loss_fn, params, config.learning_rate, key_train, config.steps)
 
 
 def posterior_rates(process: PoissonProcess, params: dict, x: np.ndarray, key: Array,

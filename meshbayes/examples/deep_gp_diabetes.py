@@ -50,15 +50,14 @@ import dataclasses
 import json
 import math
 import os
-import time
 from collections.abc import Callable, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
+from meshbayes.examples import full_batch
 from meshbayes.layers import KL_COLLECTION, kl_penalty, total_kl
 from meshbayes.layers.gaussian_process import (
   GaussianProcess,
@@ -210,8 +209,6 @@ def train(model: nn.Module, data: dict, key: Array, config: DeepGPDiabetesConfig
   key_init, key_train = jax.random.split(key)
   params = {"model": nn.unbox(jax.jit(model.init)(key_init, x)["params"]),
             "raw_noise": jnp.asarray(math.log(math.expm1(NOISE_INIT)), jnp.float32)}
-  optimizer = optax.adam(config.learning_rate)
-  opt_state = optimizer.init(params)
 
   def loss_fn(params, key):
     (mean, variance), state = model.apply({"params": params["model"]}, x,
@@ -220,18 +217,7 @@ def train(model: nn.Module, data: dict, key: Array, config: DeepGPDiabetesConfig
     expected = jnp.mean(gaussian_expected_log_likelihood(y, mean, variance, noise))
     return -expected + kl_penalty(total_kl(state), len(y))
 
-  @jax.jit
-  def step(params, opt_state, index):
-    loss, grads = jax.value_and_grad(loss_fn)(params, jax.random.fold_in(key_train, index))
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-
-  curve, start = [], time.perf_counter()
-  for i in range(config.steps):
-    params, opt_state, loss = step(params, opt_state, i)
-    if i % 20 == 0 or i == config.steps - 1:
-      curve.append(float(loss))
-  return params, curve, time.perf_counter() - start
+  return full_batch.fit(loss_fn, params, config.learning_rate, key_train, config.steps)
 
 
 def predict(model: nn.Module, params: dict, x: np.ndarray, key: Array, num_samples: int
@@ -254,22 +240,10 @@ def train_exact_gp(data: dict, config: DeepGPDiabetesConfig
   gp = GaussianProcess(units=1, ard=True, lengthscale_init=config.lengthscale_init,
                        noise_variance_init=NOISE_INIT)
   params = nn.unbox(jax.jit(gp.init)(jax.random.key(config.seed), x)["params"])
-  optimizer = optax.adam(config.learning_rate)
-  opt_state = optimizer.init(params)
-
-  @jax.jit
-  def step(params, opt_state):
-    loss, grads = jax.value_and_grad(
-        lambda p: -jnp.sum(gp.apply({"params": p}, x).log_prob(y.T)) / len(x))(params)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-
-  curve, start = [], time.perf_counter()
-  for i in range(config.steps):
-    params, opt_state, loss = step(params, opt_state)
-    if i % 20 == 0 or i == config.steps - 1:
-      curve.append(float(loss))
-  return gp, params, curve, time.perf_counter() - start
+  loss_fn = lambda p, key: -jnp.sum(gp.apply({"params": p}, x).log_prob(y.T)) / len(x)
+  params, curve, seconds = full_batch.fit(loss_fn, params, config.learning_rate,
+                                          jax.random.key(0), config.steps)  # no randomness
+  return gp, params, curve, seconds
 
 
 def scores(means: np.ndarray, variances: np.ndarray, y: np.ndarray, y_std: float
