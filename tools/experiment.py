@@ -320,6 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--out", type=Path, default=Path("runs/experiment"))
   parser.add_argument("--methods", help=f"comma-separated subset of {','.join(METHODS)}")
   parser.add_argument("--train_steps", type=int, help="override the preset's")
+  parser.add_argument("--seeds", type=int, help="override the preset's training seeds")
   parser.add_argument("--binding", action="append", default=[],
                       help="a gin binding for every command, e.g. SEED=1 (repeatable)")
   parser.add_argument("--publish", type=Path, help="also copy the report and figures here")
@@ -339,8 +340,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   changes = {}
   if args.methods:
     changes["methods"] = tuple(args.methods.split(","))
-  if args.train_steps:
-    changes["train_steps"] = args.train_steps
+  for name in ("train_steps", "seeds"):
+    if getattr(args, name) is not None:
+      changes[name] = getattr(args, name)
   try:
     budget = dataclasses.replace(PRESETS[args.preset], **changes)
   except ValueError as error:
