@@ -15,7 +15,8 @@ pytestmark = pytest.mark.integration
 TOY = ["--steps", "200", "--hidden", "16", "--num_embeddings", "16", "--embedding_dim", "8"]
 
 
-@pytest.mark.parametrize("ema", ["--ema", "--no-ema"])
+# The codebook's loss-trained path (--no-ema): the layer's tests in make test, the example slow.
+@pytest.mark.parametrize("ema", ["--ema", pytest.param("--no-ema", marks=pytest.mark.slow)])
 def test_vqvae_reconstructs_digits_through_its_codes(tmp_path, ema):
   results = vqvae_digits.main(["--output_dir", str(tmp_path), ema, *TOY])
   assert (tmp_path / "vqvae_digits.png").stat().st_size > 10_000

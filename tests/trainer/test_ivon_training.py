@@ -36,6 +36,7 @@ def straight(tmp_path_factory):
   return model_dir
 
 
+@pytest.mark.slow  # two more IVON runs (make test: the CLI resume, IVON's state through orbax)
 def test_an_ivon_run_resumed_is_bit_identical_to_the_straight_run(straight, tmp_path, capsys):
   resumed = tmp_path / "resumed"
   assert train(capsys, *ivon_args(resumed, 4))[0] == 0
@@ -107,7 +108,7 @@ def test_evaluating_an_ivon_run_reports_its_model_average_and_posterior_mean(str
       "--gin_file=runs/eval.gin",
       "--gin_file=tasks/synthetic.gin", f"--gin.MODEL_DIR='{straight}'", "--gin.BATCH_SIZE=16",
       f"--gin.models.EncoderDecoderModel.num_train_units={UNITS}",
-      "--gin.evaluate.decode_method='greedy'", "--gin.evaluate.num_samples=2",
+      "--gin.evaluate.decode=False", "--gin.evaluate.num_samples=2",
       "--gin.data.TaskData.max_eval_batches=1", "--gin.evaluate.bootstrap_resamples=50")
   assert code == 0, err[-2000:]
   metrics = json.loads((straight / "eval" / "synthetic_reverse" / "metrics.json").read_text())
