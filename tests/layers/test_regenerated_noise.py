@@ -199,17 +199,20 @@ def _loss_and_grads(model, inputs, partitioner=None):
     return step(params, inputs, jax.random.key(3))
 
 
+# On the mesh: make test-slow. make test runs the regenerating estimators (the layers'
+# default) sharded against unsharded in every layer's and the sharded trainer's tests.
+@pytest.mark.parametrize("sharded", [False, pytest.param(True, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("estimator", BAYESIAN)
-def test_layers_give_the_stored_noise_losses_and_gradients(estimator):
+def test_layers_give_the_stored_noise_losses_and_gradients(estimator, sharded):
   """Each layer type (one model holding them all; a gradient's path names its layer) and
-  estimator: regenerated on one device and on a 2 x 4 mesh (``fsdp_tp``: weights split
-  over both axes) equals stored on one device."""
+  estimator: regenerated, on one device or on a 2 x 4 mesh (``fsdp_tp``: weights split
+  over both axes), equals stored on one device."""
   model, inputs = EveryLayer(estimator), _inputs()
   with storing_noise():
     ref_loss, ref_grads = _loss_and_grads(model, inputs)
-  for partitioner in (None, Partitioner(data=2, model=4, rules="fsdp_tp")):
-    loss, grads = _loss_and_grads(model, inputs, partitioner)
-    np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
-    for (path, grad), ref in zip(jax.tree_util.tree_flatten_with_path(grads)[0],
-                                 jax.tree.leaves(ref_grads)):
-      np.testing.assert_allclose(grad, ref, rtol=2e-5, atol=1e-6, err_msg=str(path))
+  partitioner = Partitioner(data=2, model=4, rules="fsdp_tp") if sharded else None
+  loss, grads = _loss_and_grads(model, inputs, partitioner)
+  np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+  for (path, grad), ref in zip(jax.tree_util.tree_flatten_with_path(grads)[0],
+                               jax.tree.leaves(ref_grads)):
+    np.testing.assert_allclose(grad, ref, rtol=2e-5, atol=1e-6, err_msg=str(path))
