@@ -8,6 +8,7 @@ layer type, on one device and on a 2 x 4 mesh.
 """
 
 import contextlib
+import functools
 import io
 
 import flax.linen as nn
@@ -113,11 +114,6 @@ def test_outputs_and_gradients_equal_the_stored_ones_to_rounding(name):
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)
 
 
-def _dense(estimator):
-  return dense_class(estimator)(8, kernel_axes=("embed", "mlp"), bias_axes=("mlp",),
-                                bayesian_bias=estimator != "deterministic")
-
-
 class DenseGeneralPair(nn.Module):
   """Into heads and back: ``DenseGeneral`` with output and input axis tuples."""
 
@@ -167,9 +163,10 @@ class EveryLayer(nn.Module):
   @nn.compact
   def __call__(self, inputs):
     e = self.estimator
-    per_example = dense_class(e)(8, kernel_axes=("embed", "mlp"), bias_axes=("mlp",),
-                                 one_sample_per_example=e == "flipout")
-    outputs = [_dense(e)(inputs["x"]), per_example(inputs["x"]),
+    dense = functools.partial(dense_class(e), 8, kernel_axes=("embed", "mlp"),
+                              bias_axes=("mlp",))
+    outputs = [dense(bayesian_bias=True)(inputs["x"]),
+               dense(one_sample_per_example=e == "flipout")(inputs["x"]),
                DenseGeneralPair(e)(inputs["x"]), _conv(e)(inputs["image"]),
                EmbedLookupAndAttend(e)(inputs["ids"]), SelfAttention(e)(inputs["x"])]
     return sum(jnp.mean(jnp.sin(3.0 * y.astype(jnp.float32))) for y in outputs)
