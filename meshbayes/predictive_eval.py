@@ -62,12 +62,6 @@ class Predictive:
       raise ValueError(f"Predictive: temperature={self.temperature!r} must be positive, and "
                        f"1 unless the name ends with {TEMPERATURE_SCALED!r}")
 
-  @property
-  def score_options(self) -> dict[str, Any]:
-    """``score_batch``'s options for this predictive (decoding takes ``num_samples`` alone:
-    a temperature rescales scores, it does not change what is decoded)."""
-    return {"num_samples": self.num_samples, "calibration_temperature": self.temperature}
-
   def temperature_scaled(self, temperature: float) -> Predictive:
     """This predictive at ``temperature``."""
     return Predictive(self.name + TEMPERATURE_SCALED, self.num_samples, temperature)
@@ -100,10 +94,10 @@ def token_calibration(model: BaseModel, params: Any, batches: Iterable[Batch],
   param_shardings = jax.tree.map(lambda x: x.sharding, params)
 
   @functools.partial(jax.jit, in_shardings=(param_shardings, _batch_sharding(partitioner),
-                                            None))
-  def statistics(params, batch, rng):
-    _, aux = model.score_batch(params, batch, rng, return_log_probs=True,
-                               **predictive.score_options)
+                                            None, None))
+  def statistics(params, batch, rng, temperature):
+    _, aux = model.score_batch(params, batch, rng, num_samples=predictive.num_samples,
+                               return_log_probs=True, calibration_temperature=temperature)
     per_row = functools.partial(metrics.token_calibration_statistics, num_bins=num_bins)
     return jax.vmap(lambda *row: per_row(*(x[None] for x in row)))(
         aux["log_probs"], batch["decoder_target_tokens"],
@@ -113,7 +107,8 @@ def token_calibration(model: BaseModel, params: Any, batches: Iterable[Batch],
   with partitioner.activation_rules():
     for i, batch in enumerate(batches):
       rows.append(jax.device_get(statistics(params, partitioner.global_batch(batch),
-                                            jax.random.fold_in(rng, i))))
+                                            jax.random.fold_in(rng, i),
+                                            np.float32(predictive.temperature))))
   per_example = {k: np.concatenate([np.asarray(r[k], np.float64) for r in rows])
                  for k in rows[0]}
   return (metrics.token_calibration_metrics({k: v.sum(0) for k, v in per_example.items()}),
@@ -222,19 +217,22 @@ def _as_targets(outputs: Sequence[list[int]], length: int, eos_id: int) -> Batch
 
 
 @functools.lru_cache(maxsize=16)
-def _programs(model: BaseModel, predictive: Predictive, max_length: int,
+def _programs(model: BaseModel, num_samples: int, max_length: int,
               decode_items: tuple[tuple[str, Any], ...], param_tree: Any,
               param_shardings: tuple[Any, ...], batch_sharding: NamedSharding
               ) -> tuple[Any, Any, Any]:
-  """``decode_and_score``'s jitted decode, score and one-sample decode, built once per
-  model, predictive and options: an evaluation decodes the split and each OOD set with
-  the same programs, compiled once."""
-  decode_kwargs = dict(decode_items, num_samples=predictive.num_samples, max_length=max_length)
+  """``decode_and_score``'s jitted decode, score (its last argument the calibration
+  temperature) and one-sample decode, built once per model, number of weight samples and
+  options: an evaluation decodes the split and each OOD set, and scores every temperature,
+  with the same programs, compiled once."""
+  decode_kwargs = dict(decode_items, num_samples=num_samples, max_length=max_length)
   shardings = jax.tree.unflatten(param_tree, param_shardings)
   decode = jax.jit(functools.partial(model.predict_batch_with_aux, **decode_kwargs),
                    in_shardings=(shardings, batch_sharding, None))
-  score = jax.jit(functools.partial(model.score_batch, **predictive.score_options),
-                  in_shardings=(shardings, batch_sharding, None))
+  score = jax.jit(
+      lambda params, batch, key, temperature: model.score_batch(
+          params, batch, key, num_samples=num_samples, calibration_temperature=temperature),
+      in_shardings=(shardings, batch_sharding, None, None))
   decode_alone = jax.jit(
       lambda params, batch, key, index: model.predict_batch_with_aux(
           params, batch, key, sample_index=index, **decode_kwargs)[0],
@@ -275,7 +273,7 @@ def decode_and_score(model: BaseModel, params: Any, input_batches: Iterable[np.n
   """
   param_shardings = jax.tree.map(lambda x: x.sharding, params)
   decode, score, decode_alone = _programs(
-      model, predictive, max_length, tuple(sorted(decode_kwargs.items())),
+      model, predictive.num_samples, max_length, tuple(sorted(decode_kwargs.items())),
       jax.tree.structure(param_shardings), tuple(jax.tree.leaves(param_shardings)),
       _batch_sharding(partitioner))
   num_samples = predictive.num_samples if sample_agreement else 0
@@ -294,7 +292,8 @@ def decode_and_score(model: BaseModel, params: Any, input_batches: Iterable[np.n
         for row in present:
           decoded[row] = list(next(given))
       batch = dict(_as_targets(decoded, max_length, eos_id), encoder_input_tokens=inputs)
-      log_probs, aux = jax.device_get(score(params, partitioner.global_batch(batch), key))
+      log_probs, aux = jax.device_get(score(params, partitioner.global_batch(batch), key,
+                                            np.float32(predictive.temperature)))
       counts = batch["decoder_loss_weights"].sum(-1)
       measures = _measures(log_probs, aux, counts)
       if num_samples > 1:

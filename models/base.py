@@ -97,7 +97,8 @@ class BaseModel(abc.ABC):
   @abc.abstractmethod
   def score_batch(self, params: Any, batch: Batch, rng: Array | None = None,
                   num_samples: int = 0, return_log_probs: bool = False,
-                  calibration_temperature: float = 1.0) -> tuple[Array, dict[str, Array]]:
+                  calibration_temperature: float | Array = 1.0
+                  ) -> tuple[Array, dict[str, Array]]:
     """Log-probability of each batch example's targets, and per-token details.
 
     Args:
@@ -105,9 +106,9 @@ class BaseModel(abc.ABC):
         probabilities of that many posterior samples (needs ``rng``).
       return_log_probs: also return the whole predictive distribution
         (``aux['log_probs']``), e.g. for calibration.
-      calibration_temperature: ``T`` of temperature scaling (a Python float,
-        static under ``jit``): the predictive distribution ``p`` becomes
-        ``p^(1/T)``, renormalized.
+      calibration_temperature: ``T`` of temperature scaling (a float or a
+        traced scalar, so one compiled program serves every ``T``): the
+        predictive distribution ``p`` becomes ``p^(1/T)``, renormalized.
     """
 
   @abc.abstractmethod

@@ -251,9 +251,13 @@ class EncoderDecoderModel(BaseModel):
     weights = batch["decoder_loss_weights"].astype(jnp.float32)
     targets = batch["decoder_target_tokens"]
     average, measures, picked = predictive.streaming_token_measures(log_probs, keys, targets)
-    if calibration_temperature != 1.0:
-      average = jax.nn.log_softmax(average / calibration_temperature)
-      measures["total_uncertainty"] = predictive.entropy(average)
+    if not isinstance(calibration_temperature, (int, float)) or calibration_temperature != 1.0:
+      # T may be traced; at T = 1 the predictive stays as it is, to the last bit.
+      unscaled = calibration_temperature == 1.0
+      average = jnp.where(unscaled, average,
+                          jax.nn.log_softmax(average / calibration_temperature))
+      measures["total_uncertainty"] = jnp.where(unscaled, measures["total_uncertainty"],
+                                                predictive.entropy(average))
     token_log_probs = jnp.take_along_axis(average, targets[..., None], -1)[..., 0] * weights
     aux = {"token_log_probs": token_log_probs,
            "token_entropy": measures["total_uncertainty"] * weights}

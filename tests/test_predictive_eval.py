@@ -77,6 +77,12 @@ def test_fit_temperature_on_the_model_matches_a_dense_search(setup):
       unboxed, batches[0])[1]["log_probs"]
   np.testing.assert_allclose(scaled, jax.nn.log_softmax(
       score(unboxed, batches[0])[1]["log_probs"] / temperature), atol=1e-5)
+  # A traced temperature: one program for every T, T = 1 leaving the scores as they are.
+  at = lambda t: score(unboxed, batches[0], calibration_temperature=np.float32(t))[1]
+  np.testing.assert_allclose(at(temperature)["log_probs"], scaled, atol=1e-6)
+  np.testing.assert_array_equal(at(1.0)["log_probs"], score(unboxed, batches[0])[1]["log_probs"])
+  np.testing.assert_array_equal(at(1.0)["token_entropy"],
+                                score(unboxed, batches[0])[1]["token_entropy"])
 
 
 def test_predictives():
@@ -87,7 +93,6 @@ def test_predictives():
     predictive_eval.Predictive("model_average", 0)
   scaled = predictive_eval.Predictive("model_average", 4).temperature_scaled(1.3)
   assert scaled == predictive_eval.Predictive("model_average_temperature_scaled", 4, 1.3)
-  assert scaled.score_options == {"num_samples": 4, "calibration_temperature": 1.3}
   with pytest.raises(ValueError, match="temperature=1.3 must be positive, and 1 unless"):
     predictive_eval.Predictive("posterior_mean", 0, 1.3)
 

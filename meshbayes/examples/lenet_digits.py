@@ -82,10 +82,12 @@ class LeNet5(nn.Module):
 
     >>> import jax, jax.numpy as jnp
     >>> model = LeNet5(estimator='flipout')
-    >>> variables = model.init(jax.random.key(0), jnp.ones((2, 8, 8, 1)))
+    >>> variables = jax.jit(model.init)(jax.random.key(0), jnp.ones((2, 8, 8, 1)))
     >>> sorted(variables['params']['conv_0'])
     ['bias', 'kernel_loc', 'kernel_scale']
-    >>> model.apply(variables, jnp.ones((2, 8, 8, 1)), rngs={'sample': jax.random.key(1)}).shape
+    >>> logits = jax.jit(lambda v, x, key: model.apply(v, x, rngs={'sample': key}))(
+    ...     variables, jnp.ones((2, 8, 8, 1)), jax.random.key(1))
+    >>> logits.shape
     (2, 10)
 
   Attributes:

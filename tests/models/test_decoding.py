@@ -170,13 +170,14 @@ def brute_force_scores(model, params, inputs, rng, num_samples):
   from ``score_batch`` under ``rng``: all rows scored together, so each keeps its own
   weight samples or dropout masks."""
   rows = inputs.shape[0]
+  score = jitted(model.score_batch, num_samples=num_samples)  # one program for every candidate
   log_probs = []
   for candidate in CANDIDATES:
     targets = jnp.asarray([candidate] * rows, jnp.int32)
     scoring = dict(encoder_input_tokens=inputs, decoder_target_tokens=targets,
                    decoder_input_tokens=jnp.pad(targets[:, :1], [(0, 0), (1, 0)]),
                    decoder_loss_weights=(targets > 0).astype(jnp.float32))
-    log_probs.append(jitted(model.score_batch, num_samples=num_samples)(params, scoring, rng)[0])
+    log_probs.append(score(params, scoring, rng)[0])
   lengths = np.array([1, 2, 2, 2, 2])
   return np.stack(log_probs, 1) / ((5 + lengths) / 6) ** 0.6
 

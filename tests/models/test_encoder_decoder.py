@@ -152,8 +152,8 @@ def test_a_deep_ensemble_is_averaged_over_its_members_by_the_model_average_path(
                               num_train_units=500.0)
   batch = {k: jnp.asarray(v) for k, v in make_batch(np.random.default_rng(0), 3, 6, 8).items()}
   shapes = {k: v.shape for k, v in batch.items()}
-  members = [jax.jit(lambda k: nn.unbox(model.get_initial_variables(k, shapes)["params"]))(
-      jax.random.key(seed)) for seed in range(3)]
+  init = jax.jit(lambda k: nn.unbox(model.get_initial_variables(k, shapes)["params"]))
+  members = [init(jax.random.key(seed)) for seed in range(3)]
   ensemble = layers.Ensemble.stack(members)
   assert ensemble.size == 3
   probs = jax.jit(lambda p: jax.nn.softmax(model.module.apply(

@@ -1,5 +1,6 @@
 """The commands in this process: bad input, a non-finite loss, broken checkpoints, a failed
-save, an old checkpoint, MOPED, evaluation and inference of a trained run."""
+save, an old checkpoint, MOPED, evaluation and inference of a trained run; and that run resumed
+in a new process."""
 
 import errno
 import json
@@ -16,7 +17,7 @@ import pytest
 
 from meshbayes import checkpoints, launch
 from meshbayes.tools import inspect_checkpoint
-from tests.trainer.runs import TOOLS, command, events, one_line, run, train, train_args
+from tests.trainer.runs import TOOLS, command, events, one_line, run, tool, train, train_args
 
 pytestmark = pytest.mark.integration
 
@@ -57,6 +58,36 @@ def trained(tmp_path_factory):
   except SystemExit as exit_:
     pytest.fail(f"training failed with {exit_.code}")
   return model_dir
+
+
+REQUIRED_METRICS = {"loss", "nll", "kl", "kl_weight", "neg_elbo", "accuracy", "learning_rate",
+                    "gradient_norm", "posterior_stddev/attention", "posterior_stddev/mlp",
+                    "tokens_per_second", "step_seconds"}
+
+
+def test_resume_in_a_new_process_is_bit_identical_to_an_uninterrupted_run(trained, tmp_path):
+  """The 8-step run's checkpoint of step 4, resumed to 8 by `python -m meshbayes.train`:
+  the state of the uninterrupted run's step 8, optimizer state included."""
+  resumed = tmp_path / "resumed"
+  shutil.copytree(trained / "checkpoints" / "4", resumed / "checkpoints" / "4")
+  second = run("meshbayes.train", train_args(resumed, 8))
+  assert second.returncode == 0, second.stderr[-2000:]
+  assert "resuming from the checkpoint of step 4" in second.stdout
+  assert ("opening the training input (1 shard(s) on this host), restoring its saved position"
+          in second.stdout)
+  assert "step 8/8 [" in second.stdout and "tok/s" in second.stdout
+
+  diff = tool("inspect_checkpoint.py", "diff", trained, resumed, "--step", 8)
+  assert diff.returncode == 0, diff.stdout[-3000:]
+  assert diff.stdout.strip().endswith("identical")
+  assert "opt_state" in diff.stdout  # optimizer state too
+
+  # What a run leaves behind.
+  assert (trained / "config.gin").read_text().count("train.train_steps") == 1
+  lines = [json.loads(l) for l in (trained / "metrics.jsonl").read_text().splitlines()]
+  assert [l["step"] for l in lines] == [2, 4, 6, 8]
+  assert REQUIRED_METRICS <= set(lines[-1])
+  assert list((trained / "train").glob("events.out.tfevents.*"))
 
 
 @pytest.mark.slow  # an infinite loss; test_run_safety keeps the non-finite state in make test
