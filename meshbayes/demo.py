@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import optax
 
 from meshbayes import predictive
+from meshbayes.field_checks import positive_ints
 from meshbayes.layers import KL_COLLECTION, kl_penalty, total_kl
 from meshbayes.models import MLP
 
@@ -46,9 +47,8 @@ class DemoConfig:
   seed: int = 0
 
   def __post_init__(self):
-    for name in ("steps", "batch_size", "num_train", "num_test", "num_samples", "log_every"):
-      if getattr(self, name) < 1:
-        raise ValueError(f"DemoConfig: {name}={getattr(self, name)!r} must be >= 1")
+    positive_ints("DemoConfig", self, "steps", "batch_size", "num_train", "num_test",
+                  "num_samples", "log_every")
     if self.batch_size > self.num_train:
       raise ValueError(f"DemoConfig: batch_size={self.batch_size} must be <= "
                        f"num_train={self.num_train}")

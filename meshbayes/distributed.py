@@ -24,6 +24,8 @@ import ipaddress
 import logging
 import sys
 
+from meshbayes.field_checks import positive_ints
+
 _LOOPBACK_NAMES = ("localhost",)
 _LOG = logging.getLogger(__name__)
 
@@ -68,16 +70,10 @@ class DistributedOptions:
   shutdown_timeout_seconds: int = 60
 
   def __post_init__(self):
-    for name in ("num_processes", "num_cpu_devices", "heartbeat_timeout_seconds",
-                 "initialization_timeout_seconds", "shutdown_timeout_seconds"):
-      value = getattr(self, name)
-      if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                or value < 1):
-        raise ValueError(f"distributed: {name}={value!r} must be a positive int")
-    if self.process_id is not None and (not isinstance(self.process_id, int)
-                                        or isinstance(self.process_id, bool)
-                                        or self.process_id < 0):
-      raise ValueError(f"distributed: process_id={self.process_id!r} must be an int >= 0")
+    positive_ints("distributed", self, "num_processes", "num_cpu_devices",
+                  "heartbeat_timeout_seconds", "initialization_timeout_seconds",
+                  "shutdown_timeout_seconds", allow_none=True)
+    positive_ints("distributed", self, "process_id", allow_zero=True, allow_none=True)
     if (self.num_processes is not None and self.process_id is not None
         and self.process_id >= self.num_processes):
       raise ValueError(f"distributed: process_id={self.process_id} must be less than "

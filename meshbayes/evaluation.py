@@ -31,6 +31,7 @@ from meshbayes import eval_phases, evaluation_items, metrics, predictive_eval
 from meshbayes.data import paths
 from meshbayes.metrics import bootstrap
 from meshbayes.data.pipeline import TaskData, get_task
+from meshbayes.field_checks import positive_int
 from meshbayes.inference import (as_trained, encode_lines, in_batches, read_lines,
                                  restore_params)
 from meshbayes.layers import Ensemble, MCDropout, holds_posterior
@@ -249,8 +250,7 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
   Returns:
     The metrics (also in ``metrics.json``).
   """
-  if not isinstance(num_samples, int) or num_samples < 0:
-    raise ValueError(f"evaluate: num_samples={num_samples!r} must be an int >= 0")
+  positive_int("evaluate", "num_samples", num_samples, allow_zero=True)
   if not isinstance(bootstrap_resamples, int) or bootstrap_resamples < 1:
     raise ValueError(f"evaluate: bootstrap_resamples={bootstrap_resamples!r} must be an int "
                      ">= 1")

@@ -28,6 +28,7 @@ from meshbayes.atomic_files import same_file, write_text_atomically
 from meshbayes import ivon as ivon_lib
 from meshbayes import predictive_eval
 from meshbayes.data.pipeline import TaskData, get_task, vocabulary_fingerprint
+from meshbayes.field_checks import positive_int
 from meshbayes.layers import WeightPosterior, holds_posterior
 from meshbayes.models.base import BaseModel
 from meshbayes.optimizers import IVON_META
@@ -265,8 +266,7 @@ def infer(*, model_dir: str, model: BaseModel, data: TaskData, input_file: str,
   Returns:
     The number of lines written (as many as ``input_file`` has).
   """
-  if not isinstance(num_samples, int) or num_samples < 0:
-    raise ValueError(f"infer: num_samples={num_samples!r} must be an int >= 0")
+  positive_int("infer", "num_samples", num_samples, allow_zero=True)
   scores_file = str(output_file) + SCORES_SUFFIX
   for name, path in (("OUTPUT_FILE", output_file), (f"OUTPUT_FILE + {SCORES_SUFFIX!r}",
                                                       scores_file)):

@@ -15,6 +15,7 @@ import optax
 from flax import traverse_util
 
 from meshbayes.ivon import IVON
+from meshbayes.field_checks import positive_ints, positive_numbers
 from meshbayes.layers.variational import posterior_part
 
 Array = jax.Array
@@ -54,10 +55,8 @@ class LearningRate:
   def __post_init__(self):
     if self.schedule not in SCHEDULES:
       raise ValueError(f"LearningRate: schedule={self.schedule!r} must be one of {SCHEDULES}")
-    if not _is_number(self.base) or not self.base > 0:
-      raise ValueError(f"LearningRate: base={self.base!r} must be a number > 0")
-    if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-      raise ValueError(f"LearningRate: warmup_steps={self.warmup_steps!r} must be an int >= 0")
+    positive_numbers("LearningRate", self, "base")
+    positive_ints("LearningRate", self, "warmup_steps", allow_zero=True)
     if self.schedule == "cosine" and not (self.decay_steps or 0) > self.warmup_steps:
       raise ValueError(f"LearningRate: cosine needs decay_steps > warmup_steps, got "
                        f"decay_steps={self.decay_steps!r}")

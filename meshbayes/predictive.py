@@ -36,6 +36,8 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from meshbayes.field_checks import positive_int
+
 Array = jax.Array
 TOKEN_MEASURES = ("total_uncertainty", "data_uncertainty", "mutual_information",
                   "expected_pairwise_kl", "reverse_mutual_information")
@@ -58,8 +60,7 @@ def sample_outputs(fn: Callable[[Array], Array], key: Array, num_samples: int) -
   Returns:
     ``[num_samples, ...]`` outputs.
   """
-  if num_samples < 1:
-    raise ValueError(f"sample_outputs: num_samples={num_samples!r} must be >= 1")
+  positive_int("sample_outputs", "num_samples", num_samples)
   return jax.lax.map(fn, jax.random.split(key, num_samples))
 
 

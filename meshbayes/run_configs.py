@@ -9,17 +9,8 @@ a bad one is a one-line ValueError naming it before anything is loaded.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
-
-def _is_int(value: Any) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_positive_int(owner: str, name: str, value: Any, allow_zero: bool = False) -> None:
-  if not _is_int(value) or value < (0 if allow_zero else 1):
-    kind = "non-negative" if allow_zero else "positive"
-    raise ValueError(f"{owner}: {name}={value!r} must be a {kind} int")
+from meshbayes.field_checks import positive_ints, positive_numbers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,9 +42,8 @@ class CheckpointConfig:
   fallback_on_corrupt: bool = False
 
   def __post_init__(self):
-    _check_positive_int("CheckpointConfig", "period", self.period)
-    if self.keep is not None:
-      _check_positive_int("CheckpointConfig", "keep", self.keep)
+    positive_ints("CheckpointConfig", self, "period")
+    positive_ints("CheckpointConfig", self, "keep", allow_none=True)
     for name in ("async_save", "initial_from_deterministic", "fallback_on_corrupt"):
       if not isinstance(getattr(self, name), bool):
         raise ValueError(f"CheckpointConfig: {name}={getattr(self, name)!r} must be True or "
@@ -64,9 +54,7 @@ class CheckpointConfig:
     if self.initial_from_deterministic and not self.initial_checkpoint:
       raise ValueError("CheckpointConfig: initial_from_deterministic=True needs an "
                        "initial_checkpoint (the deterministic twin's)")
-    if (not isinstance(self.moped_delta, (int, float)) or isinstance(self.moped_delta, bool)
-        or not self.moped_delta > 0):
-      raise ValueError(f"CheckpointConfig: moped_delta={self.moped_delta!r} must be a number > 0")
+    positive_numbers("CheckpointConfig", self, "moped_delta")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +69,7 @@ class EvaluationConfig:
   period: int = 0
 
   def __post_init__(self):
-    _check_positive_int("EvaluationConfig", "period", self.period, allow_zero=True)
+    positive_ints("EvaluationConfig", self, "period", allow_zero=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +89,5 @@ class InputConfig:
   num_microbatches: int = 1
 
   def __post_init__(self):
-    if self.shards is not None:
-      _check_positive_int("InputConfig", "shards", self.shards)
-    _check_positive_int("InputConfig", "num_microbatches", self.num_microbatches)
+    positive_ints("InputConfig", self, "shards", allow_none=True)
+    positive_ints("InputConfig", self, "num_microbatches")

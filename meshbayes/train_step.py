@@ -20,6 +20,7 @@ from flax import traverse_util
 from jax.sharding import NamedSharding
 
 from meshbayes import ivon as ivon_lib
+from meshbayes.field_checks import positive_ints
 from meshbayes.ivon import IVON
 from meshbayes.optimizers import Optimizer
 from meshbayes.posterior_diagnostics import layer_stddevs
@@ -158,8 +159,7 @@ class StepFunctions:
   ivon: IVON | None = None
 
   def __post_init__(self):
-    if self.num_microbatches < 1:
-      raise ValueError(f"num_microbatches={self.num_microbatches!r} must be >= 1")
+    positive_ints("StepFunctions", self, "num_microbatches")
 
   @classmethod
   def build(cls, model: BaseModel, optimizer: Optimizer, kl_weight: Callable[[Array], Array],

@@ -54,6 +54,7 @@ from meshbayes.atomic_files import write_text_atomically
 from meshbayes.console import say as _say  # private: not part of the trainer's interface
 from meshbayes.data.pipeline import TaskData, vocabulary_fingerprint
 from meshbayes.evaluation import teacher_forced_metrics
+from meshbayes.field_checks import positive_int
 from meshbayes.host_input import HostBatches, HostInput
 from meshbayes.layers import moped_params
 from meshbayes.metrics_writer import MetricsWriter, ProgressBar
@@ -169,11 +170,6 @@ def _lock_model_dir(model_dir: epath.Path) -> RunLock | None:
   return lock
 
 
-def _check_positive_int(name: str, value: Any) -> None:
-  if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-    raise ValueError(f"train: {name}={value!r} must be a positive int")
-
-
 def _check_config(name: str, value: Any, kind: type) -> None:
   if not isinstance(value, kind):
     raise ValueError(f"train: {name}={value!r} must be a {kind.__name__} (bind "
@@ -210,7 +206,7 @@ def train(*, model_dir: str, model: BaseModel, data: TaskData, train_steps: int,
     The final train state.
   """
   for name, value in (("train_steps", train_steps), ("log_period", log_period)):
-    _check_positive_int(name, value)
+    positive_int("train", name, value)
   for name, value, kind in (("checkpoint", checkpoint, CheckpointConfig),
                             ("evaluation", evaluation, EvaluationConfig),
                             ("input", input, InputConfig)):

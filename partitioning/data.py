@@ -17,6 +17,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from meshbayes.field_checks import positive_ints
+
 
 @dataclasses.dataclass(frozen=True)
 class DataLayout:
@@ -41,10 +43,7 @@ class DataLayout:
   def __post_init__(self):
     if self.per_host_batch_size is None:
       object.__setattr__(self, "per_host_batch_size", self.global_batch_size // self.num_shards)
-    for name in ("global_batch_size", "per_host_batch_size", "num_shards"):
-      value = getattr(self, name)
-      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"DataLayout: {name}={value!r} must be a positive int")
+    positive_ints("DataLayout", self, "global_batch_size", "per_host_batch_size", "num_shards")
     if not 0 <= self.shard_id < self.num_shards:
       raise ValueError(f"DataLayout: shard_id={self.shard_id!r} must be in "
                        f"[0, num_shards={self.num_shards})")

@@ -230,9 +230,9 @@ def test_a_task_file_before_the_run_file_is_told_as_the_order(capsys):
     ("--gin.optimizers.Optimizer.clip_gradient_norm=None",
      "Optimizer: clip_gradient_norm=None must be a number >= 0 (0: no clipping)"),
     ("--gin.optimizers.LearningRate.base=-0.001",
-     "LearningRate: base=-0.001 must be a number > 0"),
+     "LearningRate: base=-0.001 must be a positive number"),
     ("--gin.optimizers.LearningRate.warmup_steps=-5",
-     "LearningRate: warmup_steps=-5 must be an int >= 0"),
+     "LearningRate: warmup_steps=-5 must be a non-negative int"),
 ], ids=["clip_none", "negative_lr", "negative_warmup"])
 def test_bad_optimizer_values_name_only_the_bad_one(tmp_path, capsys, binding, message):
   code, _, line, _ = train(capsys, *train_args(tmp_path / "run", 2), binding)

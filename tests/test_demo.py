@@ -18,5 +18,5 @@ def test_demo_loss_and_kl_fall(capsys):
 def test_demo_config_validation():
   with pytest.raises(ValueError, match="batch_size=512 must be <= num_train=256"):
     demo.DemoConfig(batch_size=512, num_train=256)
-  with pytest.raises(ValueError, match="steps=0 must be >= 1"):
+  with pytest.raises(ValueError, match="steps=0 must be a positive int"):
     demo.DemoConfig(steps=0)

@@ -44,7 +44,7 @@ def test_sample_outputs_draws_independent_samples():
   assert samples.shape == (4000, 2)
   np.testing.assert_allclose(samples.mean(0), 0.0, atol=4.5 / math.sqrt(4000))
   np.testing.assert_allclose(samples.std(0), 1.0, rtol=0.05)
-  with pytest.raises(ValueError, match="num_samples=0 must be >= 1"):
+  with pytest.raises(ValueError, match="num_samples=0 must be a positive int"):
     predictive.sample_outputs(lambda k: k, jax.random.key(0), 0)
 
 

@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from meshbayes.field_checks import positive_ints
 from meshbayes.posterior_diagnostics import MEDIAN_PREFIX, relative_change
 
 METHODS = ("deterministic", "mc_dropout", "ensemble", "bayesian", "ivon")
@@ -71,10 +72,8 @@ class Budget:
   bootstrap_resamples: int = 1000
 
   def __post_init__(self):
-    for name in ("train_steps", "eval_period", "num_samples", "eval_batches", "ood_examples",
-                 "seeds", "bootstrap_resamples"):
-      if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-        raise ValueError(f"Budget: {name}={getattr(self, name)!r} must be a positive int")
+    positive_ints("Budget", self, "train_steps", "eval_period", "num_samples", "eval_batches",
+                  "ood_examples", "seeds", "bootstrap_resamples")
     unknown = [m for m in self.methods if m not in METHODS]
     if unknown or not self.methods:
       raise ValueError(f"Budget: methods={self.methods!r}: each must be one of "

@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+from meshbayes.field_checks import positive_ints
+
 ROOT = Path(__file__).resolve().parents[1]
 LOOPBACK = "127.0.0.1"
 _DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
@@ -54,10 +56,7 @@ class LocalRun:
   heartbeat_timeout_seconds: int | None = None
 
   def __post_init__(self):
-    for name in ("num_processes", "devices_per_process"):
-      value = getattr(self, name)
-      if not isinstance(value, int) or value < 1:
-        raise ValueError(f"launch_local: {name}={value!r} must be a positive int")
+    positive_ints("launch_local", self, "num_processes", "devices_per_process")
     if not 0 <= self.port < 65536:
       raise ValueError(f"launch_local: port={self.port} must be in [0, 65535]")
 

@@ -59,6 +59,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from meshbayes.examples import full_batch
+from meshbayes.field_checks import positive_ints, positive_numbers
 from meshbayes.layers import KL_COLLECTION, PoissonProcess, PoissonProcessDistribution, total_kl
 from meshbayes.layers.gaussian_process import SparseGaussianProcess
 from meshbayes.layers.poisson_process import quadrature_rule
@@ -141,15 +142,10 @@ class CoxProcessConfig:
     if not self.datasets or unknown:
       raise ValueError(f"CoxProcessConfig: datasets={self.datasets!r} must be a non-empty "
                        f"subset of {', '.join(DATASETS)}")
-    for name in ("num_layers", "coal_inducing", "inducing_per_axis", "coal_quadrature",
-                 "quadrature_per_axis", "steps", "num_samples", "grid"):
-      value = getattr(self, name)
-      if not isinstance(value, int) or value < 1:
-        raise ValueError(f"CoxProcessConfig: {name}={value!r} must be a positive int")
-    for name in ("lengthscale_init", "hidden_scale_init", "jitter", "learning_rate"):
-      value = getattr(self, name)
-      if not value > 0:
-        raise ValueError(f"CoxProcessConfig: {name}={value!r} must be a positive number")
+    positive_ints("CoxProcessConfig", self, "num_layers", "coal_inducing", "inducing_per_axis",
+                  "coal_quadrature", "quadrature_per_axis", "steps", "num_samples", "grid")
+    positive_numbers("CoxProcessConfig", self, "lengthscale_init", "hidden_scale_init", "jitter",
+                     "learning_rate")
 
 
 def synthetic_intensity(x: Array) -> Array:

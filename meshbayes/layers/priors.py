@@ -26,6 +26,8 @@ from collections.abc import Mapping
 import jax
 import jax.numpy as jnp
 
+from meshbayes.field_checks import positive_ints, positive_numbers
+
 
 Array = jax.Array
 
@@ -185,12 +187,8 @@ class ScaleMixtureNormalPrior(Prior):
   def __post_init__(self):
     if not 0.0 < self.mix < 1.0:
       raise ValueError(f"ScaleMixtureNormalPrior: mix={self.mix!r} must lie in (0, 1)")
-    for name in ("stddev1", "stddev2"):
-      if not getattr(self, name) > 0:
-        raise ValueError(f"ScaleMixtureNormalPrior: {name}={getattr(self, name)!r} "
-                         "must be a positive number")
-    if self.num_samples < 1:
-      raise ValueError(f"ScaleMixtureNormalPrior: num_samples={self.num_samples!r} must be >= 1")
+    positive_numbers("ScaleMixtureNormalPrior", self, "stddev1", "stddev2")
+    positive_ints("ScaleMixtureNormalPrior", self, "num_samples")
 
   def log_prob(self, w: Array) -> Array:
     """Elementwise log density of the mixture."""

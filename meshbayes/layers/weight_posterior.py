@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from meshbayes.field_checks import positive_int
 from meshbayes.layers.estimators import standard_normal
 
 Array = jax.Array
@@ -62,8 +63,7 @@ class WeightPosterior(NamedTuple):
   def samples(self, key: Array, num_samples: int) -> Any:
     """``num_samples`` weight samples stacked on a leading axis (that many copies in memory:
     for a large model, call ``sample`` per key)."""
-    if num_samples < 1:
-      raise ValueError(f"WeightPosterior.samples: num_samples={num_samples!r} must be >= 1")
+    positive_int("WeightPosterior.samples", "num_samples", num_samples)
     return jax.lax.map(self.sample, jax.random.split(key, num_samples))
 
 

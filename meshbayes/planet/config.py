@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from meshbayes.field_checks import positive_ints, positive_numbers
 from meshbayes.layers import ESTIMATORS
 
 
@@ -80,20 +81,14 @@ class PlanetConfig:
     size = self.image_size
     if size < 8 or size & (size - 1):
       raise ValueError(f"PlanetConfig: image_size={size} must be a power of 2, at least 8")
-    positive = ("episode_steps", "action_repeat", "train_steps", "batch_size", "chunk_length",
-                "deter_size", "stoch_size", "hidden_size", "conv_depth", "horizon",
-                "cem_iterations", "cem_candidates", "cem_top_k", "eval_episodes",
-                "open_loop_context", "open_loop_steps", "seed_episodes")
-    for name in positive:
-      if getattr(self, name) < 1:
-        raise ValueError(f"PlanetConfig: {name}={getattr(self, name)} must be at least 1")
-    for name in ("train_episodes", "seed", "free_nats", "weight_kl_weight",
-                 "exploration_noise"):
-      if getattr(self, name) < 0:
-        raise ValueError(f"PlanetConfig: {name}={getattr(self, name)} must be non-negative")
-    for name in ("min_std", "learning_rate", "grad_clip"):
-      if not getattr(self, name) > 0:
-        raise ValueError(f"PlanetConfig: {name}={getattr(self, name)} must be positive")
+    positive_ints("PlanetConfig", self, "episode_steps", "action_repeat", "train_steps",
+                  "batch_size", "chunk_length", "deter_size", "stoch_size", "hidden_size",
+                  "conv_depth", "horizon", "cem_iterations", "cem_candidates", "cem_top_k",
+                  "eval_episodes", "open_loop_context", "open_loop_steps", "seed_episodes")
+    positive_ints("PlanetConfig", self, "train_episodes", "seed", allow_zero=True)
+    positive_numbers("PlanetConfig", self, "free_nats", "weight_kl_weight", "exploration_noise",
+                     allow_zero=True)
+    positive_numbers("PlanetConfig", self, "min_std", "learning_rate", "grad_clip")
     if self.episode_steps % self.action_repeat:
       raise ValueError(f"PlanetConfig: action_repeat={self.action_repeat} must divide "
                        f"episode_steps={self.episode_steps}")

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
 from meshbayes import partitioning
+from meshbayes.field_checks import positive_ints
 from meshbayes.layers import count_parameters
 from meshbayes.optimizers import OPTIMIZERS, KLWeight, Optimizer
 from meshbayes.scaling import hlo
@@ -91,11 +92,8 @@ class StepSpec:
       if name not in _CONFIG_FIELDS and name not in _ALIASES:
         raise ValueError(f"StepSpec: override {name!r} is not a TransformerConfig field; "
                          f"known: {', '.join(sorted(_CONFIG_FIELDS | set(_ALIASES)))}")
-    for name in ("batch_size", "input_length", "target_length", "num_microbatches",
-                 "model_parallel"):
-      value = getattr(self, name)
-      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"StepSpec: {name}={value!r} must be a positive int")
+    positive_ints("StepSpec", self, "batch_size", "input_length", "target_length",
+                  "num_microbatches", "model_parallel")
     if self.optimizer not in OPTIMIZERS:
       raise ValueError(f"StepSpec: optimizer={self.optimizer!r} must be one of {OPTIMIZERS}")
     if self.partitioning not in partitioning.PRESETS:

@@ -56,7 +56,7 @@ def test_bad_features_and_ids():
     (lambda: layers.NormalPrior(stddev=0.0), r"NormalPrior: stddev=0.0 must be a positive"),
     (lambda: layers.ScaleMixtureNormalPrior(mix=1.5), r"mix=1.5 must lie in \(0, 1\)"),
     (lambda: layers.ScaleMixtureNormalPrior(stddev2=-1.0), r"stddev2=-1.0 must be a positive"),
-    (lambda: layers.ScaleMixtureNormalPrior(num_samples=0), r"num_samples=0 must be >= 1"),
+    (lambda: layers.ScaleMixtureNormalPrior(num_samples=0), r"num_samples=0 must be a positive int"),
     (lambda: layers.TrainableNormalPrior(init_stddev=0.0), r"init_stddev=0.0 must be a positive"),
     (lambda: layers.fan_in_stddev(0.0), r"ratio=0.0 must be a positive"),
     (lambda: layers.constant_stddev(-0.1), r"value=-0.1 must be a positive"),

@@ -49,7 +49,7 @@ def test_a_bad_multihost_flag_is_one_line(capsys, tmp_path):
   assert exit_info.value.code == 1
   lines = capsys.readouterr().err.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith(
-      "meshbayes.train: error: distributed: process_id=-1 must be an int >= 0"), lines
+      "meshbayes.train: error: distributed: process_id=-1 must be a non-negative int"), lines
 
 
 def test_local_workers_use_loopback_and_their_own_device_count():
