@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 import gin
 from gin import config_parser
 
+from meshbayes.field_checks import positive_int
 from meshbayes.gin_configs import DIRECTORY as GIN_CONFIGS
 
 # The training run's configuration in MODEL_DIR (meshbayes.trainer writes it), and the
@@ -405,9 +406,8 @@ def _check_trained_run(model_dir: Any) -> None:
 def _check_train_values(model_dir: Any, train_steps: Any) -> None:
   """The training run's simple values, checked in the first second (the trainer checks
   them again, after the training split is counted): one-line ValueErrors."""
-  if not isinstance(train_steps, (_Reference, type(None))) and (
-      isinstance(train_steps, bool) or not isinstance(train_steps, int) or train_steps < 1):
-    raise ValueError(f"train: train_steps={train_steps!r} must be a positive int")
+  if not isinstance(train_steps, (_Reference, type(None))):
+    positive_int("train", "train_steps", train_steps)
   if isinstance(model_dir, str) and model_dir and "://" not in model_dir:
     path = os.path.abspath(model_dir)
     while path != os.path.dirname(path) and not os.path.exists(path):

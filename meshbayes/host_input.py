@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from meshbayes.data.pipeline import Batch, TaskData, TrainIterator
+from meshbayes.field_checks import positive_int
 from meshbayes.partitioning import DataLayout
 
 
@@ -45,8 +46,7 @@ class HostInput:
 
   def __post_init__(self):
     shards, hosts = self.input_shards, self.layout.num_shards
-    if not isinstance(shards, int) or isinstance(shards, bool) or shards < 1:
-      raise ValueError(f"train: input_shards={shards!r} must be a positive int")
+    positive_int("train", "input_shards", shards)
     if shards % hosts:
       raise ValueError(f"train: input_shards={shards} must be a multiple of the {hosts} "
                        "groups of hosts that feed different examples; set "

@@ -45,6 +45,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from meshbayes.field_checks import positive_int, positive_ints
 from meshbayes.scaling import hlo
 
 OVERLAPS = ("max", "sum")
@@ -88,10 +89,8 @@ class Hardware:
           or math.isinf(value):
         raise ValueError(f"Hardware {self.generation}: {name}={value!r} must be a positive "
                          "finite number")
-    for name in ("ici_links_per_chip", "devices_per_chip", "wraparound_multiple"):
-      value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"Hardware {self.generation}: {name}={value!r} must be a positive int")
+    positive_ints(f"Hardware {self.generation}", self, "ici_links_per_chip", "devices_per_chip",
+                  "wraparound_multiple")
     if not isinstance(self.source, str) or not self.source.strip():
       raise ValueError(f"Hardware {self.generation}: source={self.source!r} must cite where "
                        "the numbers come from")
@@ -199,10 +198,7 @@ class TorusSpan:
   slice_chips: int
 
   def __post_init__(self):
-    for name in ("chips", "stride", "slice_chips"):
-      value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"TorusSpan: {name}={value!r} must be a positive int")
+    positive_ints("TorusSpan", self, "chips", "stride", "slice_chips")
 
 
 def ring_factor(kind: str, group_size: int) -> float:
@@ -220,8 +216,7 @@ def ring_factor(kind: str, group_size: int) -> float:
   """
   if kind not in KINDS:
     raise ValueError(f"roofline: collective kind={kind!r} is not one of {', '.join(KINDS)}")
-  if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
-    raise ValueError(f"roofline: group_size={group_size!r} must be a positive int")
+  positive_int("roofline", "group_size", group_size)
   n = group_size
   if n == 1:
     return 0.0
