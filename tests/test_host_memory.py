@@ -55,14 +55,19 @@ from meshbayes import host_memory
 pid = os.getpid()
 host_memory.exec_with_malloc_tunables()
 import jax, jax.numpy as jnp
+def huge_page_fallbacks():  # the kernel's count (all processes) of huge-page faults it refused
+  with open("/proc/vmstat") as f:
+    counters = dict(line.split() for line in f)
+  return int(counters.get("thp_fault_fallback", 0))
 step = jax.jit(lambda a, b: (a @ b).max())  # the product: a 256 MiB temporary per call
 a, b = jnp.ones((8192, 8), jnp.float32), jnp.ones((8, 8192), jnp.float32)
 step(a, b).block_until_ready()
-faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+faults, fallbacks = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, huge_page_fallbacks()
 for _ in range(3):
   step(a, b).block_until_ready()
 print(json.dumps({"pid": pid, "now": os.getpid(), "malloc": host_memory.malloc_settings(),
-                  "faults": (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / 3}))
+                  "faults": (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / 3,
+                  "fallbacks": (huge_page_fallbacks() - fallbacks) / 3}))
 """
 
 
@@ -84,10 +89,10 @@ def test_programs_executed_again_fault_their_buffers_in_huge_pages_or_reuse_them
   assert huge["pid"] == huge["now"]  # the same process, executed again
   assert default["malloc"] == {} and huge["malloc"] == {"glibc.malloc.hugetlb": "1"}
   # A 256 MiB buffer mapped afresh at every call: 65,536 faults of 4 KiB pages, 128 of
-  # 2 MiB (more where the kernel finds no free huge page: some leeway); none where the
-  # heap keeps it.
+  # 2 MiB; none where the heap keeps it. Each 2 MiB the kernel could not back with a huge
+  # page (no free one on a loaded machine) faults in 512 small pages instead.
   assert default["faults"] > 30_000, default
-  assert huge["faults"] < default["faults"] / 8, (huge, default)
+  assert huge["faults"] < default["faults"] / 8 + 512 * huge["fallbacks"], (huge, default)
   assert reuse["faults"] < 100, reuse
 
 
