@@ -11,7 +11,10 @@ Sections (``--sections``, default all):
   (AdamW) and IVON vs AdamW: time ratios, compiled FLOP ratios
   (``meshbayes.scaling.hlo``) and their quotient, the efficiency quotient;
   ``--step_ivon_ablations`` adds IVON without its noise draw and without its
-  stddev metrics.
+  stddev metrics; ``--step_noise_ablations`` adds the Bayesian step with its
+  noise stored instead of regenerated and with the local reparameterization's
+  variance kept (what regenerating costs, and how much of it is the variance's
+  matmul: paired per-round time ratios with bootstrap intervals).
 - ``layers``: forward + backward of one Dense layer per estimator against the
   deterministic one, with its ``floor`` (matmul FLOP ratio plus the noise
   drawn alone), for each PRNG implementation of ``--prng_impls``.
@@ -57,13 +60,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from meshbayes import host_memory, ivon, layers, train_step
+from meshbayes.layers import estimators
+from meshbayes.metrics import bootstrap
 
 SECTIONS = ("step", "layers", "pipeline", "decode", "trainer", "resume")
 
 
-def alternate(programs: dict[str, Callable[[], Any]], rounds: int, warmup: int = 1
+def alternate(programs: dict[str, Callable[[], Any]], rounds: int, warmup: int = 1,
+              record: dict[str, list[float]] | None = None
               ) -> tuple[dict[str, float], dict[str, float]]:
-  """Fastest and median seconds of each program, timed round-robin (each call blocks)."""
+  """Fastest and median seconds of each program, timed round-robin (each call blocks);
+  every round's seconds go to ``record`` when given."""
   for _ in range(warmup):
     for program in programs.values():
       jax.block_until_ready(program())
@@ -73,8 +80,19 @@ def alternate(programs: dict[str, Callable[[], Any]], rounds: int, warmup: int =
       start = time.perf_counter()
       jax.block_until_ready(program())
       times[name].append(time.perf_counter() - start)
+  if record is not None:
+    record.update(times)
   return ({name: min(t) for name, t in times.items()},
           {name: statistics.median(t) for name, t in times.items()})
+
+
+def paired_time_ratio(times: dict[str, list[float]], name: str, baseline: str
+                      ) -> dict[str, float]:
+  """The median over rounds of ``name``'s seconds over ``baseline``'s in the same round,
+  with its bootstrap interval over rounds (load that hits a whole round cancels)."""
+  ratios = np.asarray(times[name]) / np.asarray(times[baseline])
+  return bootstrap.bootstrap(lambda i: {"ratio": float(np.median(ratios[i]))},
+                             [len(ratios)])["ratio"].as_dict()
 
 
 # --- step: the trainer's train step, deterministic vs Bayesian ---------------------------------
@@ -117,6 +135,26 @@ IVON_ABLATIONS = {
 }
 
 
+def _patched_estimators(tables: dict[str, dict[str, Any]]) -> contextlib.ExitStack:
+  stack = contextlib.ExitStack()
+  for table, entries in tables.items():
+    stack.enter_context(mock.patch.dict(getattr(estimators, table), entries))
+  return stack
+
+
+# The Bayesian step with its layers' estimators swapped while it is traced (measurement
+# only): as written, keeping their noise for the backward pass (before issue 32); and
+# regenerating but keeping the local reparameterization's variance.
+_KEEP_VARIANCE = jax.checkpoint_policies.save_only_these_names(estimators.VARIANCE_NAME)
+NOISE_ABLATIONS = {
+    "bayesian_storing_noise": lambda: _patched_estimators(estimators.STORED),
+    "bayesian_keeping_variance": lambda: _patched_estimators({
+        table: {"local_reparameterization": estimators.regenerating(
+            estimators.local_reparameterization, policy=_KEEP_VARIANCE)}
+        for table in ("DENSE", "CONV")}),
+}
+
+
 def bench_step(args: argparse.Namespace) -> dict[str, Any]:
   from meshbayes.scaling import hlo, peaks
   from meshbayes.scaling.aot import StepSpec
@@ -131,7 +169,10 @@ def bench_step(args: argparse.Namespace) -> dict[str, Any]:
            "ivon": (True, "ivon")}
   if args.step_ivon_ablations:
     kinds.update({name: (True, "ivon") for name in IVON_ABLATIONS})
-  for estimators, (deterministic, optimizer) in kinds.items():
+  if args.step_noise_ablations:
+    kinds.update({name: (False, "adamw") for name in NOISE_ABLATIONS})
+  ablations = {**IVON_ABLATIONS, **NOISE_ABLATIONS}
+  for kind, (deterministic, optimizer) in kinds.items():
     spec = StepSpec(model=args.step_model, deterministic=deterministic, optimizer=optimizer,
                     batch_size=args.step_batch, input_length=args.step_length,
                     target_length=args.step_length, model_parallel=1, partitioning="data_only",
@@ -141,23 +182,24 @@ def bench_step(args: argparse.Namespace) -> dict[str, Any]:
     batch = {name: jnp.asarray(rng.integers(1, vocab, size=shape), jnp.int32)
              for name, shape in shapes.items()}
     batch["decoder_loss_weights"] = jnp.ones(shapes["decoder_loss_weights"], jnp.int32)
-    with IVON_ABLATIONS.get(estimators, contextlib.nullcontext)():
-      states[estimators], compiled = compiled_train_step(spec, partitioner, batch)
+    with ablations.get(kind, contextlib.nullcontext)():
+      states[kind], compiled = compiled_train_step(spec, partitioner, batch)
       traced = traced_step_flops(spec, partitioner, batch)
     summary = hlo.analyze(compiled.as_text())
     # traced: the model's matmuls as written (the same on every platform); matmul and all:
     # what the compiled program does (recomputation, the platform's own lowering).
-    flops[estimators] = {"traced_matmul": traced, "matmul": summary.matmul_flops,
+    flops[kind] = {"traced_matmul": traced, "matmul": summary.matmul_flops,
                          "all": summary.flops}
 
-    def run(name=estimators, fn=compiled, data=batch):
+    def run(name=kind, fn=compiled, data=batch):
       states[name], metrics = fn(states[name], data)  # the old state is donated
       return metrics["loss"]
 
-    programs[estimators] = run
-  times, medians = alternate(programs, args.step_rounds, warmup=1)
+    programs[kind] = run
+  rounds: dict[str, list[float]] = {}
+  times, medians = alternate(programs, args.step_rounds, warmup=1, record=rounds)
   time_ratio = times["bayesian"] / times["deterministic"]
-  ratio = lambda kind: flops["bayesian"][kind] / flops["deterministic"][kind]
+  ratio = lambda count: flops["bayesian"][count] / flops["deterministic"][count]
   device = jax.devices()[0]  # the one device the step ran on: traced FLOPs are its own
   return {"model": args.step_model, "batch_size": args.step_batch, "length": args.step_length,
           "seconds": times, "median_seconds": medians, "flops": flops, "time_ratio": time_ratio,
@@ -173,6 +215,13 @@ def bench_step(args: argparse.Namespace) -> dict[str, Any]:
           "ivon_flop_ratio": flops["ivon"]["all"] / flops["deterministic"]["all"],
           **{f"{name}_time_ratio": times[name] / times["deterministic"]
              for name in IVON_ABLATIONS if name in times},
+          # Regenerated over stored noise (issue 32's goal: at most 1.03), and the share of
+          # it the variance's matmul takes (keeping the variance).
+          **({"regenerating_time_ratio": paired_time_ratio(rounds, "bayesian",
+                                                           "bayesian_storing_noise"),
+              "keeping_variance_time_ratio": paired_time_ratio(
+                  rounds, "bayesian_keeping_variance", "bayesian_storing_noise")}
+             if args.step_noise_ablations else {}),
           "goal": "efficiency_quotient <= 1.05, ivon_time_ratio <= 1.10"}
 
 
@@ -574,6 +623,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   parser.add_argument("--step_ivon_ablations", action="store_true",
                       help="also time IVON's step without its noise draw and without its "
                            "posterior-stddev metrics (where its excess over AdamW goes)")
+  parser.add_argument("--step_noise_ablations", action="store_true",
+                      help="also time the Bayesian step with its noise stored instead of "
+                           "regenerated, and with the local reparameterization's variance "
+                           "kept (what regenerating costs)")
   parser.add_argument("--rows", type=int, default=2048)
   parser.add_argument("--in_features", type=int, default=1024)
   parser.add_argument("--out_features", type=int, default=4096)

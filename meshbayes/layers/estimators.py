@@ -58,6 +58,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 
 Array = jax.Array
 Contract = Callable[..., Array]
@@ -76,6 +77,10 @@ def _threefry(key: Array) -> bool:
           and str(jax.random.key_impl(key)) == "threefry2x32"
           and bool(jax.config.jax_threefry_partitionable))
 
+
+# The name of the local reparameterization's float32 output variance: a checkpoint policy
+# that saves it (``regenerating``'s ``policy``) spares the backward pass its matmul.
+VARIANCE_NAME = "local_reparameterization_variance"
 
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))  # Threefry-2x32's (Salmon et al., 2011)
 
@@ -296,6 +301,7 @@ def local_reparameterization(key: Array, contract: Contract, inputs: Array, kern
                       preferred_element_type=jnp.float32)
   if bias is not None:
     variance = variance + jnp.square(bias.stddev).astype(jnp.float32)
+  variance = checkpoint_name(variance, VARIANCE_NAME)
   noise = _safe_sqrt(variance) * standard_normal(key, variance.shape, jnp.float32)
   return (mean.astype(jnp.float32) + noise).astype(dtype)
 
@@ -348,7 +354,9 @@ def _recomputed(posterior: Normal | None) -> Normal | None:
   return Normal(posterior.loc, jax.nn.softplus(posterior.scale), posterior.scale)
 
 
-def regenerating(estimator: Estimator) -> Estimator:
+def regenerating(estimator: Estimator,
+                 policy: Callable[..., bool] = jax.checkpoint_policies.nothing_saveable
+                 ) -> Estimator:
   """``estimator`` with its noise drawn again in the backward pass instead of kept.
 
   Noise is a pure function of the key, so the backward pass recomputes it,
@@ -363,9 +371,9 @@ def regenerating(estimator: Estimator) -> Estimator:
 
   Works for the linear-map estimators (``key, contract, inputs, kernel, bias,
   constrain_kernel, **options``) and the lookups (``key, ids, table,
-  constrain_table``) alike.
+  constrain_table``) alike. ``policy`` is ``jax.checkpoint``'s: what else to keep
+  (e.g. ``save_only_these_names(VARIANCE_NAME)``: memory for the variance's matmul).
   """
-  policy = jax.checkpoint_policies.nothing_saveable
 
   @functools.wraps(estimator)
   def regenerated(key: Array, *args, **options) -> Array:
@@ -386,14 +394,17 @@ def regenerating(estimator: Estimator) -> Estimator:
   return regenerated
 
 
+# The estimators as written, keeping what autodiff keeps: what the layers' regenerating
+# ones are checked and measured against.
+STORED = {
+    "DENSE": {"reparameterization": reparameterization, "flipout": flipout,
+              "local_reparameterization": local_reparameterization},
+    "CONV": {"reparameterization": reparameterization, "flipout": conv_flipout,
+             "local_reparameterization": local_reparameterization},
+    "LOOKUP": {"reparameterization": lookup_reparameterization, "flipout": lookup_flipout,
+               "local_reparameterization": lookup_local_reparameterization},
+}
 # Estimators by name: for linear maps, convolutions, and embedding lookups. The layers
 # use these, which regenerate their noise in the backward pass.
-DENSE = {"reparameterization": regenerating(reparameterization),
-         "flipout": regenerating(flipout),
-         "local_reparameterization": regenerating(local_reparameterization)}
-CONV = {"reparameterization": regenerating(reparameterization),
-        "flipout": regenerating(conv_flipout),
-        "local_reparameterization": regenerating(local_reparameterization)}
-LOOKUP = {"reparameterization": regenerating(lookup_reparameterization),
-          "flipout": regenerating(lookup_flipout),
-          "local_reparameterization": regenerating(lookup_local_reparameterization)}
+DENSE, CONV, LOOKUP = ({name: regenerating(estimator) for name, estimator in STORED[table].items()}
+                       for table in ("DENSE", "CONV", "LOOKUP"))

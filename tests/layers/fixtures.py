@@ -165,24 +165,10 @@ def expected_bayesian(deterministic):
   return out
 
 
-# The estimators as they are, keeping what autodiff keeps (the layers use them regenerating).
-STORING = {
-    "DENSE": {"reparameterization": estimators.reparameterization,
-              "flipout": estimators.flipout,
-              "local_reparameterization": estimators.local_reparameterization},
-    "CONV": {"reparameterization": estimators.reparameterization,
-             "flipout": estimators.conv_flipout,
-             "local_reparameterization": estimators.local_reparameterization},
-    "LOOKUP": {"reparameterization": estimators.lookup_reparameterization,
-               "flipout": estimators.lookup_flipout,
-               "local_reparameterization": estimators.lookup_local_reparameterization},
-}
-
-
 @contextlib.contextmanager
 def storing_noise():
   """The layers use the estimators as they are, keeping what autodiff keeps."""
   with contextlib.ExitStack() as stack:
-    for table, entries in STORING.items():
+    for table, entries in estimators.STORED.items():
       stack.enter_context(mock.patch.dict(getattr(estimators, table), entries))
     yield

@@ -25,7 +25,7 @@ from meshbayes.layers import attention, conv, embed, estimators
 from meshbayes.layers.dense import dense_class, dense_general_class
 from meshbayes.layers.variational import stddev_of_scale
 from meshbayes.partitioning import Partitioner
-from tests.layers.fixtures import STORING, storing_noise
+from tests.layers.fixtures import storing_noise
 
 BAYESIAN = ("reparameterization", "flipout", "local_reparameterization")
 def _matmul(x, kernel, preferred_element_type=None):
@@ -60,10 +60,36 @@ def test_the_backward_pass_keeps_the_arguments_and_the_key_alone(name, dtype):
   }
   floating = lambda kept: [shape for shape, _ in kept if shape.startswith(("f32", "bf16"))]
   for table, (loss, args) in losses.items():
-    stored = _kept(loss(STORING[table][name]), *args)
+    stored = _kept(loss(estimators.STORED[table][name]), *args)
     regenerated = _kept(loss(getattr(estimators, table)[name]), *args)
     assert floating(regenerated) == [], (table, regenerated)
     assert floating(stored), (table, stored)
+
+
+def test_a_policy_keeps_the_local_reparameterizations_variance_and_skips_its_matmul():
+  """Saving ``VARIANCE_NAME`` keeps one float32 output-sized value, the variance, and the
+  backward pass then multiplies 4 matrices, as stored (regenerated: 5, the variance again);
+  outputs and gradients stay the stored ones."""
+  keeping = estimators.regenerating(
+      estimators.local_reparameterization,
+      policy=jax.checkpoint_policies.save_only_these_names(estimators.VARIANCE_NAME))
+  x, loc, scale = jnp.ones((64, 32)), jnp.full((32, 48), 0.1), jnp.full((32, 48), -2.0)
+
+  def loss(f):
+    return lambda x, loc, scale: f(jax.random.key(0), _matmul, x, estimators.Normal(
+        loc, stddev_of_scale(scale), scale)).sum()
+
+  assert [shape for shape, _ in _kept(loss(keeping), x, loc, scale)] == ["f32[64,48]"]
+  grads = {f: jax.jit(jax.value_and_grad(loss(f), argnums=(0, 1, 2)))
+           for f in (estimators.local_reparameterization, keeping,
+                     estimators.DENSE["local_reparameterization"])}
+  matmuls = {f: g.lower(x, loc, scale).as_text().count("stablehlo.dot_general")
+             for f, g in grads.items()}
+  assert list(matmuls.values()) == [6, 6, 7]  # 2 forward, 4 backward; +1 recomputed
+  (ref, ref_grads), (new, new_grads) = (grads[f](x, loc, scale) for f in list(grads)[:2])
+  np.testing.assert_allclose(new, ref, rtol=1e-6)
+  for got, want in zip(new_grads, ref_grads):
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("name", BAYESIAN)

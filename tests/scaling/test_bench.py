@@ -12,7 +12,8 @@ from meshbayes.tools import bench
 def test_every_section_reports_its_ratios(tmp_path):
   out = tmp_path / "bench.json"
   report = bench.main(["--rounds=1", "--step_model=tiny", "--step_batch=2", "--step_length=8",
-                       "--step_rounds=1", "--step_ivon_ablations", "--rows=16", "--in_features=32", "--out_features=64",
+                       "--step_rounds=2", "--step_ivon_ablations", "--step_noise_ablations", "--rows=16",
+                       "--in_features=32", "--out_features=64",
                        "--prng_impls=default", "--no-jax_noise", "--pipeline_seconds=0.3",
                        "--pipeline_tasks=synthetic_reverse", "--decode_samples=2",
                        "--decode_length=4", "--decode_batch=4", "--resume_task=synthetic_reverse",
@@ -35,6 +36,13 @@ def test_every_section_reports_its_ratios(tmp_path):
   assert step["flops"]["ivon_without_stddev_metrics"]["all"] < step["flops"]["ivon"]["all"]
   assert set(step) >= {"ivon_without_noise_time_ratio", "ivon_without_stddev_metrics_time_ratio"}
   assert bench.ivon.IVON.noise.__name__ == "noise"
+  # Stored noise: the variance's matmul is not done again; keeping the variance: neither.
+  matmuls = {name: step["flops"][name]["traced_matmul"] for name in bench.NOISE_ABLATIONS}
+  assert matmuls["bayesian_storing_noise"] < step["flops"]["bayesian"]["traced_matmul"]
+  assert matmuls["bayesian_keeping_variance"] == matmuls["bayesian_storing_noise"]
+  for name in ("regenerating_time_ratio", "keeping_variance_time_ratio"):
+    assert 0 < step[name]["low"] <= step[name]["estimate"] <= step[name]["high"]
+  assert bench.estimators.DENSE["flipout"].__wrapped__ is bench.estimators.flipout
   layers = report["layers"]["default"]
   # The compiled programs' matmul floors: one extra matmul per Flipout / LR layer.
   assert abs(layers["matmul_flop_ratio"]["flipout"] - 2.0) < 0.01
