@@ -189,7 +189,7 @@ def bench_step(args: argparse.Namespace) -> dict[str, Any]:
     # traced: the model's matmuls as written (the same on every platform); matmul and all:
     # what the compiled program does (recomputation, the platform's own lowering).
     flops[kind] = {"traced_matmul": traced, "matmul": summary.matmul_flops,
-                         "all": summary.flops}
+                   "all": summary.flops}
 
     def run(name=kind, fn=compiled, data=batch):
       states[name], metrics = fn(states[name], data)  # the old state is donated
@@ -215,8 +215,8 @@ def bench_step(args: argparse.Namespace) -> dict[str, Any]:
           "ivon_flop_ratio": flops["ivon"]["all"] / flops["deterministic"]["all"],
           **{f"{name}_time_ratio": times[name] / times["deterministic"]
              for name in IVON_ABLATIONS if name in times},
-          # Regenerated over stored noise (issue 32's goal: at most 1.03), and the share of
-          # it the variance's matmul takes (keeping the variance).
+          # Regenerated over stored noise (goal: at most 1.03, docs/performance.md), and
+          # the same with the variance kept (the share of it its matmul takes).
           **({"regenerating_time_ratio": paired_time_ratio(rounds, "bayesian",
                                                            "bayesian_storing_noise"),
               "keeping_variance_time_ratio": paired_time_ratio(
