@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from etils import epath
 
+from meshbayes import field_checks
 from meshbayes.console import say
 from meshbayes.data import paths
 
@@ -91,8 +92,7 @@ class TaskData:
         not isinstance(v, int) or v < 1 for v in lengths.values()):
       raise ValueError(f"TaskData: feature_lengths={lengths!r} must map 'inputs' and 'targets' "
                        "to positive ints")
-    if not isinstance(self.batch_size, int) or self.batch_size < 1:
-      raise ValueError(f"TaskData: batch_size={self.batch_size!r} must be a positive int")
+    field_checks.positive_int("TaskData", "batch_size", self.batch_size)
 
   def input_shapes(self) -> dict[str, tuple[int, int]]:
     """The global batch's feature shapes (``EncDecFeatureConverter``'s features)."""

@@ -53,6 +53,7 @@ import numpy as np
 from jax.scipy.linalg import solve_triangular
 from tensorflow_probability.substrates import jax as tfp
 
+from meshbayes import field_checks
 from meshbayes.layers.dense import ESTIMATORS, dense_class
 from meshbayes.layers.kl import KL_COLLECTION, KL_NAME
 from meshbayes.layers.priors import NormalPrior, Prior
@@ -279,7 +280,7 @@ class _Kernelized(nn.Module):
 
   def __post_init__(self):
     owner = type(self).__name__
-    if not isinstance(self.units, int) or self.units < 1:
+    if not field_checks.is_int(self.units) or self.units < 1:
       raise ValueError(f"{owner}: units={self.units!r} must be a positive int (output dimensions)")
     for name in ("amplitude_init", "lengthscale_init"):
       if not getattr(self, name) > 0:

@@ -54,6 +54,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from meshbayes import field_checks
+
 Array = jax.Array
 RateFn = Callable[[Array], Array]
 QUADRATURES = ("gauss_legendre", "midpoint")
@@ -137,11 +139,10 @@ class PoissonProcessDistribution:
     if self.quadrature not in QUADRATURES:
       raise ValueError(f"{owner}: quadrature={self.quadrature!r} is not one of "
                        f"{', '.join(QUADRATURES)}")
-    if not isinstance(self.quadrature_order, int) or self.quadrature_order < 1:
+    if not field_checks.is_int(self.quadrature_order) or self.quadrature_order < 1:
       raise ValueError(f"{owner}: quadrature_order={self.quadrature_order!r} must be a "
                        "positive int (nodes per axis)")
-    if not isinstance(self.max_points, int) or self.max_points < 1:
-      raise ValueError(f"{owner}: max_points={self.max_points!r} must be a positive int")
+    field_checks.positive_int(owner, "max_points", self.max_points)
     if not self.rate_bound_margin >= 1.0:
       raise ValueError(f"{owner}: rate_bound_margin={self.rate_bound_margin!r} must be >= 1")
     if isinstance(self.rate_bound, (int, float)) and not self.rate_bound > 0:

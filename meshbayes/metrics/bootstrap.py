@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from meshbayes import field_checks
+
 DEFAULT_RESAMPLES = 1000
 DEFAULT_LEVEL = 0.95
 DEFAULT_SEED = 0
@@ -59,8 +61,7 @@ def resample_indices(sizes: Sequence[int], num_resamples: int = DEFAULT_RESAMPLE
   """``(num_resamples, n_g)`` indices drawn with replacement, for each group size ``n_g``."""
   if not sizes or any(not isinstance(n, (int, np.integer)) or n < 1 for n in sizes):
     raise ValueError(f"bootstrap: group sizes {list(sizes)} must be positive ints")
-  if not isinstance(num_resamples, int) or num_resamples < 1:
-    raise ValueError(f"bootstrap: num_resamples={num_resamples!r} must be a positive int")
+  field_checks.positive_int("bootstrap", "num_resamples", num_resamples)
   rng = np.random.default_rng(seed)
   return [rng.integers(0, n, size=(num_resamples, n)) for n in sizes]
 

@@ -288,6 +288,7 @@ def test_a_distribution_input_is_sampled_or_its_mean_taken():
 
 @pytest.mark.parametrize("make, message", [
     (lambda: layers.SparseGaussianProcess(units=0), "units=0 must be a positive int"),
+    (lambda: layers.SparseGaussianProcess(units=True), "units=True must be a positive int"),
     (lambda: layers.SparseGaussianProcess(units=2, num_inducing=0), "num_inducing=0"),
     (lambda: layers.SparseGaussianProcess(units=2, scale_init=0.0), "scale_init=0.0"),
     (lambda: layers.GaussianProcess(units=1, lengthscale_init=-1.0), "lengthscale_init=-1.0"),

@@ -159,7 +159,9 @@ def test_layer_binds_a_flax_rate_and_its_gradients_flow():
     ({"low": (0.0,), "high": (1.0, 2.0)}, "equal length"),
     ({"quadrature": "simpson"}, "gauss_legendre, midpoint"),
     ({"quadrature_order": 0}, "quadrature_order=0"),
+    ({"quadrature_order": True}, "quadrature_order=True"),
     ({"max_points": 0}, "max_points=0"),
+    ({"max_points": True}, "max_points=True must be a positive int"),
     ({"rate_bound": -1.0}, "rate_bound=-1.0"),
     ({"rate_bound_margin": 0.5}, "rate_bound_margin=0.5"),
 ])

@@ -69,3 +69,5 @@ def test_nan_resamples_are_left_out_and_bad_settings_are_one_line():
     bootstrap.bootstrap(ratio, [0])
   with pytest.raises(ValueError, match="num_resamples=0 must be a positive int"):
     bootstrap.bootstrap(ratio, [4], num_resamples=0)
+  with pytest.raises(ValueError, match="num_resamples=True must be a positive int"):
+    bootstrap.bootstrap(ratio, [4], num_resamples=True)

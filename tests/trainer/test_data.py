@@ -70,6 +70,7 @@ def test_train_set_size_counts_target_tokens_after_truncation():
                                     r"tasks: .*synthetic_reverse"),
     (dict(feature_lengths={"inputs": 16}), r"feature_lengths=\{'inputs': 16\} must map"),
     (dict(batch_size=0), r"batch_size=0 must be a positive int"),
+    (dict(batch_size=True), r"batch_size=True must be a positive int"),
 ])
 def test_task_data_errors(kwargs, match):
   with pytest.raises(ValueError, match=match):
