@@ -135,11 +135,13 @@ IVON_ABLATIONS = {
 }
 
 
-def _patched_estimators(tables: dict[str, dict[str, Any]]) -> contextlib.ExitStack:
-  stack = contextlib.ExitStack()
-  for table, entries in tables.items():
-    stack.enter_context(mock.patch.dict(getattr(estimators, table), entries))
-  return stack
+@contextlib.contextmanager
+def _patched_estimators(tables: dict[str, dict[str, Any]]):
+  # Patched on entering the `with`, not when called; restored on leaving it.
+  with contextlib.ExitStack() as stack:
+    for table, entries in tables.items():
+      stack.enter_context(mock.patch.dict(getattr(estimators, table), entries))
+    yield
 
 
 # The Bayesian step with its layers' estimators swapped while it is traced (measurement
