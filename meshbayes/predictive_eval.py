@@ -216,6 +216,19 @@ def _as_targets(outputs: Sequence[list[int]], length: int, eos_id: int) -> Batch
           "decoder_loss_weights": (targets > 0).astype(np.int32)}
 
 
+# The decoding options each method reads (``predict_batch_with_aux``); the others leave its
+# program unchanged, so they are dropped from the programs' cache key: a greedy decode of
+# the split (given a beam size) and of the OOD sets share one compiled program.
+_METHOD_OPTIONS = {"beam": {"beam_size", "alpha"}, "greedy": set(),
+                   "sample": {"num_decodes", "temperature", "top_k", "top_p"}}
+
+
+def _decode_items(decode_kwargs: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+  read = _METHOD_OPTIONS.get(decode_kwargs.get("method", "beam"))
+  return tuple(sorted((name, value) for name, value in decode_kwargs.items()
+                      if read is None or name == "method" or name in read))
+
+
 @functools.lru_cache(maxsize=16)
 def _programs(model: BaseModel, num_samples: int, max_length: int,
               decode_items: tuple[tuple[str, Any], ...], param_tree: Any,
@@ -273,7 +286,7 @@ def decode_and_score(model: BaseModel, params: Any, input_batches: Iterable[np.n
   """
   param_shardings = jax.tree.map(lambda x: x.sharding, params)
   decode, score, decode_alone = _programs(
-      model, predictive.num_samples, max_length, tuple(sorted(decode_kwargs.items())),
+      model, predictive.num_samples, max_length, _decode_items(decode_kwargs),
       jax.tree.structure(param_shardings), tuple(jax.tree.leaves(param_shardings)),
       _batch_sharding(partitioner))
   num_samples = predictive.num_samples if sample_agreement else 0

@@ -178,7 +178,9 @@ def unsharded():
   return jax.jit(train)(nn.unbox(init_state(jax.random.key(2))), X, Y)
 
 
-@pytest.mark.parametrize("data, model", [(1, 8), (2, 4), (4, 2)])
+# make test: one mesh split over both axes; the others slow.
+@pytest.mark.parametrize("data, model", [pytest.param(1, 8, marks=pytest.mark.slow), (2, 4),
+                                         pytest.param(4, 2, marks=pytest.mark.slow)])
 def test_sharded_ivon_matches_unsharded_and_its_state_is_sharded_like_the_params(
     unsharded, data, model):
   partitioner = Partitioner(data=data, model=model, rules="fsdp_tp")

@@ -205,3 +205,22 @@ def test_a_temperature_scaled_predictive_scores_its_unscaled_outputs(setup):
       unboxed, batch)
   np.testing.assert_allclose(scaled[row].log_prob, float(log_prob[0]), rtol=1e-5)
   assert scaled[row].log_prob != pytest.approx(records[row].log_prob)
+
+
+def test_options_a_decoding_method_does_not_read_share_its_compiled_programs(setup):
+  """A greedy decode given a beam size (the split's, as eval passes its options) and one
+  without (the OOD sets') run the same programs, compiled once, and decode alike; a beam
+  search of another size builds its own."""
+  partitioner, params, batches = setup
+  inputs = [batches[0]["encoder_input_tokens"]]
+  decode = functools.partial(predictive_eval.decode_and_score, MODEL, params, inputs,
+                             partitioner, predictive_eval.Predictive("posterior_mean"),
+                             jax.random.key(1), LENGTH, EOS)
+  predictive_eval._programs.cache_clear()
+  given_beam = decode(method="greedy", beam_size=4, alpha=0.6)
+  assert predictive_eval._programs.cache_info().misses == 1
+  assert decode(method="greedy") == given_beam
+  assert predictive_eval._programs.cache_info()[:2] == (1, 1)  # (hits, misses)
+  decode(method="beam", beam_size=2)
+  decode(method="beam", beam_size=3)
+  assert predictive_eval._programs.cache_info().misses == 3
