@@ -17,7 +17,8 @@ Sections (``--sections``, default all):
   matmul: paired per-round time ratios with bootstrap intervals).
 - ``layers``: forward + backward of one Dense layer per estimator against the
   deterministic one, with its ``floor`` (matmul FLOP ratio plus the noise
-  drawn alone), for each PRNG implementation of ``--prng_impls``.
+  drawn alone), for each PRNG implementation of ``--prng_impls``; each
+  Bayesian layer also with its noise stored, not drawn again (``--stored_noise``).
 - ``pipeline``: the input pipeline against the trainer's consumption, for
   each task of ``--pipeline_tasks`` (``tatoeba_enfr`` needs ``make data``).
 - ``decode``: decoding with the posterior mean against model averaging over
@@ -315,6 +316,10 @@ def bench_layers(args: argparse.Namespace) -> dict[str, Any]:
       if args.jax_noise and estimator != "deterministic":
         with jax_random_noise():  # the same layer drawing its noise with jax.random
           name = f"{estimator} (jax.random noise)"
+          programs[name], flops[name] = layer_program(estimator, *shapes, impl_arg)
+      if args.stored_noise and estimator != "deterministic":
+        with _patched_estimators(estimators.STORED):  # as written: noise kept, not redrawn
+          name = f"{estimator} (noise stored)"
           programs[name], flops[name] = layer_program(estimator, *shapes, impl_arg)
     for estimator in NOISE_SHAPES:
       programs[f"{estimator} noise alone"] = noise_program(estimator, *shapes, impl_arg)
@@ -636,6 +641,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                       help="key implementations for the layer section ('default': jax's)")
   parser.add_argument("--jax_noise", action=argparse.BooleanOptionalAction, default=True,
                       help="also time each Bayesian layer with jax.random's samplers")
+  parser.add_argument("--stored_noise", action=argparse.BooleanOptionalAction, default=True,
+                      help="also time each Bayesian layer with its noise stored for the "
+                           "backward pass, not drawn again (what regenerating costs)")
   parser.add_argument("--pipeline_seconds", type=float, default=5.0)
   parser.add_argument("--pipeline_tasks", default="tatoeba_enfr,synthetic_reverse",
                       help=f"from {', '.join(PIPELINE_DEMOS)}")

@@ -48,6 +48,11 @@ def test_every_section_reports_its_ratios(tmp_path):
   assert abs(layers["matmul_flop_ratio"]["flipout"] - 2.0) < 0.01
   assert abs(layers["matmul_flop_ratio"]["local_reparameterization"] - 2.0) < 0.01
   assert abs(layers["matmul_flop_ratio"]["reparameterization"] - 1.0) < 0.01
+  # With their noise stored, the estimators as written: no matmul is done again.
+  for name, ratio in (("flipout", 2.0), ("local_reparameterization", 2.0),
+                      ("reparameterization", 1.0)):
+    assert abs(layers["matmul_flop_ratio"][f"{name} (noise stored)"] - ratio) < 0.01
+    assert layers["seconds"][f"{name} (noise stored)"] > 0
   # The floor adds each estimator's draw alone to its matmul ratio.
   for name, seconds in layers["noise_seconds"].items():
     assert layers["floor"][name] == pytest.approx(
