@@ -28,11 +28,3 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="meshbayes-jax-"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
-
-
-def pytest_collection_modifyitems(items):
-  """Files holding integration tests (whole programs: the longest files) run first, so that
-  `make test`'s processes (--dist loadfile: a file at a time) finish together instead of
-  one waiting while the other runs a long file it took last."""
-  long_files = {item.path for item in items if item.get_closest_marker("integration")}
-  items.sort(key=lambda item: item.path not in long_files)  # stable: else in file order
