@@ -136,22 +136,13 @@ IVON_ABLATIONS = {
 }
 
 
-@contextlib.contextmanager
-def _patched_estimators(tables: dict[str, dict[str, Any]]):
-  # Patched on entering the `with`, not when called; restored on leaving it.
-  with contextlib.ExitStack() as stack:
-    for table, entries in tables.items():
-      stack.enter_context(mock.patch.dict(getattr(estimators, table), entries))
-    yield
-
-
 # The Bayesian step with its layers' estimators swapped while it is traced (measurement
 # only): as written, keeping their noise for the backward pass (before issue 32); and
 # regenerating but keeping the local reparameterization's variance.
 _KEEP_VARIANCE = jax.checkpoint_policies.save_only_these_names(estimators.VARIANCE_NAME)
 NOISE_ABLATIONS = {
-    "bayesian_storing_noise": lambda: _patched_estimators(estimators.STORED),
-    "bayesian_keeping_variance": lambda: _patched_estimators({
+    "bayesian_storing_noise": lambda: estimators.swapped(estimators.STORED),
+    "bayesian_keeping_variance": lambda: estimators.swapped({
         table: {"local_reparameterization": estimators.regenerating(
             estimators.local_reparameterization, policy=_KEEP_VARIANCE)}
         for table in ("DENSE", "CONV")}),
@@ -318,7 +309,7 @@ def bench_layers(args: argparse.Namespace) -> dict[str, Any]:
           name = f"{estimator} (jax.random noise)"
           programs[name], flops[name] = layer_program(estimator, *shapes, impl_arg)
       if args.stored_noise and estimator != "deterministic":
-        with _patched_estimators(estimators.STORED):  # as written: noise kept, not redrawn
+        with estimators.swapped(estimators.STORED):  # as written: noise kept, not redrawn
           name = f"{estimator} (noise stored)"
           programs[name], flops[name] = layer_program(estimator, *shapes, impl_arg)
     for estimator in NOISE_SHAPES:

@@ -49,9 +49,10 @@ sharded array locally, as jax's samplers do.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -408,3 +409,26 @@ STORED = {
 # use these, which regenerate their noise in the backward pass.
 DENSE, CONV, LOOKUP = ({name: regenerating(estimator) for name, estimator in STORED[table].items()}
                        for table in ("DENSE", "CONV", "LOOKUP"))
+
+
+@contextlib.contextmanager
+def swapped(tables: Mapping[str, Mapping[str, Estimator]]) -> Iterator[None]:
+  """Within the block, layers traced use ``tables``' estimators in place of these ones.
+
+  ``tables`` maps ``"DENSE"``, ``"CONV"`` or ``"LOOKUP"`` to ``{name: estimator}``
+  (e.g. ``swapped(STORED)``: the noise kept, what the tests and ``tools/bench.py``
+  compare the layers' estimators with). Restored on leaving; for measurement and tests.
+  """
+  layers_tables = {"DENSE": DENSE, "CONV": CONV, "LOOKUP": LOOKUP}
+  unknown = set(tables) - set(layers_tables)
+  if unknown:
+    raise ValueError(f"swapped: tables {sorted(unknown)} are not among {list(layers_tables)}")
+  saved = {table: dict(layers_tables[table]) for table in tables}
+  try:
+    for table, entries in tables.items():
+      layers_tables[table].update(entries)
+    yield
+  finally:
+    for table, entries in saved.items():
+      layers_tables[table].clear()
+      layers_tables[table].update(entries)

@@ -1,9 +1,7 @@
 """Helpers shared by the layer tests."""
 
-import contextlib
 import math
 from typing import Any
-from unittest import mock
 
 import flax.linen as nn
 import jax
@@ -165,10 +163,6 @@ def expected_bayesian(deterministic):
   return out
 
 
-@contextlib.contextmanager
 def storing_noise():
   """The layers use the estimators as they are, keeping what autodiff keeps."""
-  with contextlib.ExitStack() as stack:
-    for table, entries in estimators.STORED.items():
-      stack.enter_context(mock.patch.dict(getattr(estimators, table), entries))
-    yield
+  return estimators.swapped(estimators.STORED)

@@ -92,6 +92,19 @@ def test_a_policy_keeps_the_local_reparameterizations_variance_and_skips_its_mat
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-7)
 
 
+def test_swapped_tables_hold_within_the_block_only():
+  before = {table: dict(getattr(estimators, table)) for table in estimators.STORED}
+  with pytest.raises(RuntimeError, match="inside"):
+    with storing_noise():
+      for table, entries in estimators.STORED.items():
+        assert getattr(estimators, table) == entries
+      raise RuntimeError("inside")
+  assert {table: getattr(estimators, table) for table in estimators.STORED} == before
+  with pytest.raises(ValueError, match=r"tables \['DENS'\] are not among"):
+    with estimators.swapped({"DENS": {}}):
+      pass
+
+
 @pytest.mark.parametrize("name", BAYESIAN)
 def test_a_layer_keeps_no_weight_sized_value_for_its_kl_or_its_noise(name):
   """A Bayesian Dense layer's loss, outputs plus its KL: besides the parameters and the

@@ -36,8 +36,9 @@ def unsharded():
 
 # make test: the meshes split over both axes; all data or all model parallel: slow.
 @pytest.mark.parametrize("rules", ["megatron", "fsdp_tp"])
-@pytest.mark.parametrize("data, model", [pytest.param(1, 8, marks=pytest.mark.slow), (2, 4), (4, 2),
-                                         pytest.param(8, 1, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("data, model", [
+    pytest.param(1, 8, marks=pytest.mark.slow), (2, 4), (4, 2),
+    pytest.param(8, 1, marks=pytest.mark.slow)])
 def test_sharded_loss_and_gradients_match_unsharded(unsharded, data, model, rules):
   partitioner = Partitioner(data=data, model=model, rules=rules)
   params, shardings = partitioner.init(lambda k: MODEL.init(k, X)["params"], jax.random.key(2))

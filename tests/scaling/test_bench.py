@@ -12,8 +12,8 @@ from meshbayes.tools import bench
 def test_every_section_reports_its_ratios(tmp_path):
   out = tmp_path / "bench.json"
   report = bench.main(["--rounds=1", "--step_model=tiny", "--step_batch=2", "--step_length=8",
-                       "--step_rounds=2", "--step_ivon_ablations", "--step_noise_ablations", "--rows=16",
-                       "--in_features=32", "--out_features=64",
+                       "--step_rounds=2", "--step_ivon_ablations", "--step_noise_ablations",
+                       "--rows=16", "--in_features=32", "--out_features=64",
                        "--prng_impls=default", "--no-jax_noise", "--pipeline_seconds=0.3",
                        "--pipeline_tasks=synthetic_reverse", "--decode_samples=2",
                        "--decode_length=4", "--decode_batch=4", "--resume_task=synthetic_reverse",
