@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # module fixtures run once): 2 fills CI's 2 cores, most tests being single-threaded compiles.
 TEST_WORKERS ?= 2
 
-.PHONY: install data demo experiment demo-synthetic demo-layers examples planet test test-slow test-tpu clean scaling scaling-full roofline bench
+.PHONY: install data demo experiment demo-synthetic demo-layers examples planet test test-slow test-tpu test-gpu-aot clean scaling scaling-full scaling-gpu roofline bench
 
 install: $(STAMP)
 
@@ -100,6 +100,49 @@ test-tpu: $(STAMP)
 	$(PY) -m pip install --quiet -c requirements.lock -e '.[dev,tpu]'
 	$(PY) -m pytest -m tpu $(PYTEST_ARGS)
 
+# Ahead-of-time compiles for NVIDIA GPUs without a GPU need JAX's CUDA plugin (the `gpu-aot`
+# extra, about 5.5 GB), in a venv of its own so that the default one never looks for a GPU:
+# the train step's memory on one H100 and one H200, a node of eight H100s, and the frozen
+# step-time model checked on deviceless compiles of the code measured on the H200 (about 15
+# minutes on 2 cores, install aside). GPU studies run in it too, e.g.
+# `.venv-gpu-aot/bin/python -m meshbayes.tools.scaling_study --topologies=h200:1 ...`.
+GPU_AOT_VENV := .venv-gpu-aot
+GPU_AOT_STAMP := $(GPU_AOT_VENV)/.installed
+
+$(GPU_AOT_STAMP): pyproject.toml requirements.lock
+	test -x $(GPU_AOT_VENV)/bin/python || $(PYTHON) -m venv $(GPU_AOT_VENV)
+	$(GPU_AOT_VENV)/bin/python -m pip install --quiet -c requirements.lock -e '.[dev,gpu-aot]'
+	touch $(GPU_AOT_STAMP)
+
+test-gpu-aot: $(GPU_AOT_STAMP)
+	$(GPU_AOT_VENV)/bin/python -m pytest -m gpu_aot $(PYTEST_ARGS)
+
+# The GPU studies of docs/scaling.md into docs/scaling/ (deviceless, the gpu-aot venv): the
+# train step of base and paper on one H100 and one H200 (memory, fit, the frozen model's
+# step time), and the largest Bayesian Transformer one H200 trains, without and with full
+# remat (about 30 minutes on 2 cores).
+GPU_SCALING := $(GPU_AOT_VENV)/bin/python -m meshbayes.tools.scaling_study --partitioning=data_only \
+  --model_parallel=1 --dtype=bfloat16
+scaling-gpu: $(GPU_AOT_STAMP)
+	$(GPU_SCALING) --model=base --topologies=h100:1,h200:1 --batch_size=32 --remat=none \
+	  --compare_deterministic --title="base preset, 32 x 256, on one H100 and one H200" \
+	  --json=docs/scaling/gpu_base.json
+	$(GPU_SCALING) --model=paper --topologies=h100:1,h200:1 --batch_size=8 --remat=none \
+	  --compare_deterministic --title="paper preset, 8 x 256, on one H100 and one H200" \
+	  --json=docs/scaling/gpu_paper.json
+	$(GPU_SCALING) --model=paper --topologies=h100:1,h200:1 --batch_size=8 --remat=full \
+	  --compare_deterministic \
+	  --title="paper preset, 8 x 256, rematerialized, on one H100 and one H200" \
+	  --json=docs/scaling/gpu_paper_remat.json
+	$(GPU_SCALING) --model=paper --topologies=h200:1 --batch_size=8 --remat=none \
+	  --search_layers=6 --search_step=128 \
+	  --title="Largest Bayesian Transformer on one H200 (AdamW, 8 x 256, no remat)" \
+	  --json=docs/scaling/search_h200.json
+	$(GPU_SCALING) --model=paper --topologies=h200:1 --batch_size=8 --remat=full \
+	  --search_layers=6 --search_step=128 \
+	  --title="Largest Bayesian Transformer on one H200 (AdamW, 8 x 256, full remat)" \
+	  --json=docs/scaling/search_h200_remat.json
+
 # Scaling studies (docs/scaling.md): the trainer's step compiled ahead of time for TPU
 # topologies; installs the `tpu` extra (libtpu), no TPU needed. `make scaling` runs the
 # quick subset, study 1 (the paper preset, Bayesian and deterministic, on 8 to 512 TPUv2
@@ -176,4 +219,4 @@ bench: data
 	$(PY) -m meshbayes.tools.bench --sections=pipeline,decode,trainer,resume --json=runs/bench.json
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info runs/demo runs/demo-synthetic
+	rm -rf $(VENV) $(GPU_AOT_VENV) .pytest_cache build *.egg-info runs/demo runs/demo-synthetic

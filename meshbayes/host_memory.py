@@ -3,7 +3,8 @@
 XLA's CPU runtime allocates each execution's temporary buffer with ``malloc``
 and frees it afterwards; glibc serves such large allocations with a fresh
 ``mmap``, so every step faults its whole buffer in again. The figures (page
-faults per step, step times under each setting) are in docs/performance.md.
+faults per step, step times under each setting) are in
+docs/results/2026-11-cpu-train-step.md.
 
 ``MESHBAYES_MALLOC`` chooses glibc tunables (read when a process starts):
 

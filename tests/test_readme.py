@@ -1,8 +1,9 @@
 """The README is a short front door and every Python example in it and in docs/ runs.
 
-Each ```python block of README.md and docs/*.md runs as written, from the
-repository root (some read files under docs/); every relative markdown link
-of those pages points at a file that exists.
+Each ```python block of README.md, docs/*.md and the dated results pages
+docs/results/*.md runs as written, from the repository root (some read files
+under docs/); every relative markdown link of those pages points at a file that
+exists. The README links every docs/*.md page; a docs page links every results page.
 """
 
 import re
@@ -12,7 +13,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+RESULTS = sorted((ROOT / "docs" / "results").glob("*.md"))
+PAGES = [README, *DOCS, *RESULTS]
 MAX_README_LINES = 250
 
 _PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", flags=re.DOTALL | re.MULTILINE)
@@ -50,8 +53,17 @@ def test_the_readme_is_a_front_door():
 
 def test_the_readme_maps_every_docs_page():
   readme = README.read_text()
-  missing = [_name(page) for page in PAGES[1:] if f"]({_name(page)})" not in readme]
+  missing = [_name(page) for page in DOCS if f"]({_name(page)})" not in readme]
   assert not missing, f"README.md links no line to {missing}"
+
+
+def test_the_docs_link_every_results_page():
+  """A results page is reached from a docs page (performance.md links its own)."""
+  assert RESULTS
+  linked = {(page.parent / target.split("#")[0]).resolve()
+            for page in DOCS for target in _relative_links(page)}
+  missing = [_name(page) for page in RESULTS if page.resolve() not in linked]
+  assert not missing, f"no docs/*.md page links {missing}"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_name)

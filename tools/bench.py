@@ -3,7 +3,7 @@
 Every figure compares programs timed in the same process, alternating round
 after round so that machine load hits all sides alike; each side's time is its
 fastest round, the medians reported too. The goals and the measured figures
-are in docs/performance.md.
+are in docs/results/2026-11-cpu-train-step.md; how they are measured, docs/performance.md.
 
 Sections (``--sections``, default all):
 
@@ -15,6 +15,11 @@ Sections (``--sections``, default all):
   noise stored instead of regenerated and with the local reparameterization's
   variance kept (what regenerating costs, and how much of it is the variance's
   matmul: paired per-round time ratios with bootstrap intervals).
+  ``--step_target=h200:1`` (or ``h100:N``) compiles the deterministic and
+  Bayesian steps for that GPU instead, without one (JAX's CUDA plugin needed:
+  the ``gpu-aot`` extra), and reports the frozen step-time model's seconds,
+  TFLOP/s and MFU of each (``roofline.FROZEN_GPU_MODEL``), with their kernels,
+  HBM bytes, kernels of avoidable work and XLA's memory analysis.
 - ``layers``: forward + backward of one Dense layer per estimator against the
   deterministic one, with its ``floor`` (matmul FLOP ratio plus the noise
   drawn alone), for each PRNG implementation of ``--prng_impls``; each
@@ -151,7 +156,6 @@ NOISE_ABLATIONS = {
 
 def bench_step(args: argparse.Namespace) -> dict[str, Any]:
   from meshbayes.scaling import hlo, peaks
-  from meshbayes.scaling.aot import StepSpec
   from meshbayes.partitioning import Partitioner
 
   partitioner = Partitioner(data=1, model=1, rules="data_only", devices=jax.devices()[:1])
@@ -167,10 +171,7 @@ def bench_step(args: argparse.Namespace) -> dict[str, Any]:
     kinds.update({name: (False, "adamw") for name in NOISE_ABLATIONS})
   ablations = {**IVON_ABLATIONS, **NOISE_ABLATIONS}
   for kind, (deterministic, optimizer) in kinds.items():
-    spec = StepSpec(model=args.step_model, deterministic=deterministic, optimizer=optimizer,
-                    batch_size=args.step_batch, input_length=args.step_length,
-                    target_length=args.step_length, model_parallel=1, partitioning="data_only",
-                    num_train_units=1e6)
+    spec = step_spec(args, deterministic, optimizer)
     shapes = spec.input_shapes()
     vocab = spec.config().vocab_size
     batch = {name: jnp.asarray(rng.integers(1, vocab, size=shape), jnp.int32)
@@ -209,7 +210,8 @@ def bench_step(args: argparse.Namespace) -> dict[str, Any]:
           "ivon_flop_ratio": flops["ivon"]["all"] / flops["deterministic"]["all"],
           **{f"{name}_time_ratio": times[name] / times["deterministic"]
              for name in IVON_ABLATIONS if name in times},
-          # Regenerated over stored noise (goal: at most 1.03, docs/performance.md), and
+          # Regenerated over stored noise (goal: at most 1.03,
+          # docs/results/2026-11-noise-regenerated.md), and
           # the same with the variance kept (the share of it its matmul takes).
           **({"regenerating_time_ratio": paired_time_ratio(rounds, "bayesian",
                                                            "bayesian_storing_noise"),
@@ -217,6 +219,55 @@ def bench_step(args: argparse.Namespace) -> dict[str, Any]:
                   rounds, "bayesian_keeping_variance", "bayesian_storing_noise")}
              if args.step_noise_ablations else {}),
           "goal": "efficiency_quotient <= 1.05, ivon_time_ratio <= 1.10"}
+
+
+def step_spec(args: argparse.Namespace, deterministic: bool, optimizer: str = "adamw") -> Any:
+  """The step section's train step: ``--step_model`` on one device, ``data_only`` rules."""
+  from meshbayes.scaling.aot import StepSpec
+
+  overrides = {name: value for name, value in (("dtype", args.step_dtype),
+                                               ("remat_policy", args.step_remat)) if value}
+  return StepSpec(model=args.step_model, deterministic=deterministic, optimizer=optimizer,
+                  batch_size=args.step_batch, input_length=args.step_length,
+                  target_length=args.step_length, model_parallel=1, partitioning="data_only",
+                  num_train_units=1e6, overrides=tuple(overrides.items()))
+
+
+def predict_step_on_gpu(args: argparse.Namespace) -> dict[str, Any]:
+  """The step section for a GPU target, compiled without one: the frozen model's figures."""
+  from meshbayes.scaling import aot, targets
+
+  target = targets.parse_target(args.step_target)
+  if target.platform != "gpu":
+    raise SystemExit(f"--step_target={args.step_target}: name a GPU (h100:N, h200:N)")
+  programs = {}
+  for kind, deterministic in (("deterministic", True), ("bayesian", False)):
+    record = aot.compile_and_profile(step_spec(args, deterministic), target)
+    if record.get("error") or not record.get("roofline"):
+      raise SystemExit(f"--step_target={args.step_target}: the {kind} step did not compile: "
+                       f"{record.get('error') or record.get('message')}")
+    prediction = record["roofline"]["max"]
+    programs[kind] = {
+        "seconds": prediction["step_seconds"],
+        "tflops_per_second": prediction["tflops_per_second"], "mfu": prediction["mfu"],
+        "matmul_seconds": prediction["compute_seconds"],
+        "memory_seconds": prediction["memory_seconds"],
+        "kernel_seconds": prediction["kernel_seconds"],
+        "kernels": sum(op["executed"] for op in record["operations_per_device"].values()),
+        "hbm_bytes": sum(op["bytes"] for op in record["operations_per_device"].values()),
+        "avoidable_kernels": record["avoidable_kernels"],
+        "model_flops": record["model_flops_per_device"],
+        **{name: record[f"{name}_per_device"] for name in (
+            "argument_bytes", "temp_bytes", "peak_bytes")},
+        "fits": record["fits"], "compile_seconds": record["compile_seconds"]}
+  det, bayes = programs["deterministic"], programs["bayesian"]
+  time_ratio = bayes["seconds"] / det["seconds"]
+  flop_ratio = bayes["model_flops"] / det["model_flops"]
+  return {"target": target.name, "model": args.step_model, "batch_size": args.step_batch,
+          "length": args.step_length, "dtype": args.step_dtype, "remat": args.step_remat,
+          "step_time_model": "roofline.FROZEN_GPU_MODEL", "programs": programs,
+          "time_ratio": time_ratio, "flop_ratio": flop_ratio,
+          "efficiency_quotient": time_ratio / flop_ratio}
 
 
 # --- layers: one Dense layer per estimator -------------------------------------------------------
@@ -618,6 +669,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   parser.add_argument("--step_batch", type=int, default=16)
   parser.add_argument("--step_length", type=int, default=64)
   parser.add_argument("--step_rounds", type=int, default=3)
+  parser.add_argument("--step_dtype", default=None, help="compute dtype (default: the preset's)")
+  parser.add_argument("--step_remat", default=None,
+                      help="none, full or minimal (default: the preset's)")
+  parser.add_argument("--step_target", default=None,
+                      help="a GPU (h100:N, h200:N) to compile the step for, without running "
+                           "it: the frozen step-time model's seconds, TFLOP/s and MFU")
   parser.add_argument("--step_ivon_ablations", action="store_true",
                       help="also time IVON's step without its noise draw and without its "
                            "posterior-stddev metrics (where its excess over AdamW goes)")
@@ -669,7 +726,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   args = parse_args(argv)
-  runners = {"step": bench_step, "layers": bench_layers, "pipeline": bench_pipeline,
+  runners = {"step": predict_step_on_gpu if args.step_target else bench_step,
+             "layers": bench_layers, "pipeline": bench_pipeline,
              "decode": bench_decode, "trainer": bench_trainer, "resume": bench_resume}
   report: dict[str, Any] = {"devices": [str(d) for d in jax.devices()],
                             "jax_version": jax.__version__, "rounds": args.rounds,

@@ -1,23 +1,29 @@
-"""One check of the project on an accelerator: step speed with MFU, then train, resume, eval, infer.
+"""One check of the project on an accelerator: step speed against the frozen model, then train,
+resume, eval, infer.
 
 Writes one JSON (``--out``) with four parts, each with its ``seconds``:
 
 - ``step``: the trainer's jitted train step (``bench.compiled_train_step``, one
-  device, ``data_only`` rules), deterministic and Bayesian (both AdamW), for the
-  ``base`` preset (32 x 256 tokens, bf16, no remat) and ``paper`` (8 x 256, bf16,
-  full remat), timed round-robin (``bench.alternate``): seconds, traced matmul
-  FLOPs, TFLOP/s and MFU (``scaling.peaks``), the compiled programs' FLOPs
-  (``scaling.hlo``). A step that fails (out of memory) records its ``error``
-  and the check goes on.
+  device, ``data_only`` rules), deterministic and Bayesian (both AdamW), bf16,
+  for the ``base`` preset (32 x 256 tokens, no remat), ``paper`` (8 x 256, full
+  remat) and ``paper_no_remat`` (8 x 256: the Bayesian step, about 123 GB, and
+  the deterministic one each in a process of their own). Each preset runs in a
+  process of its own; its steps are timed round-robin (``bench.alternate``):
+  seconds, traced matmul FLOPs, TFLOP/s and MFU (``scaling.peaks``), the peak
+  memory in use, and beside each measured step the frozen step-time model's
+  prediction from the program that ran (``roofline.FROZEN_GPU_MODEL``:
+  seconds, MFU, the measured step's error against it). A step that fails (out
+  of memory) records its ``error`` and the check goes on.
 - ``train``: ``python -m meshbayes.train`` of
   ``gin_configs/examples/tiny_synthetic_bayesian.gin`` to step 25 (checkpoint),
   then again to 50 (a resume from that checkpoint); the checkpoint steps after each.
 - ``eval``: ``python -m meshbayes.eval`` on the run (teacher-forced, one batch): its metrics.json.
 - ``infer``: ``python -m meshbayes.infer`` on three lines of the synthetic task.
 
-``ok`` is true when every part succeeded. About 6 minutes on one H100 or H200
-(mostly compiles). ``--toy`` runs the tiny preset at 4 x 16 tokens and 4 + 4
-train steps, on a CPU in about a minute. On a lent GPU (docs/performance.md):
+``ok`` is true when every part succeeded. At most 8 minutes on one H100 or H200
+(mostly compiles; ``paper_no_remat``'s Bayesian step fits an H200 only).
+``--toy`` runs the tiny preset at 4 x 16 tokens and 4 + 4 train steps, on a CPU
+in a few minutes. On a lent GPU (docs/performance.md):
 
   PYTHONPATH=/tmp/site JAX_PLATFORMS=cuda python -m meshbayes.tools.gpu_check --out=gpu_check.json
 """
@@ -25,7 +31,9 @@ train steps, on a CPU in about a minute. On a lent GPU (docs/performance.md):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -35,16 +43,55 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from meshbayes.scaling.targets import GPU_MEMORY_FRACTION
+
 EXAMPLE = "gin_configs/examples/tiny_synthetic_bayesian.gin"
-# (preset, batch, length, remat policy): the shared H200 measurement's settings.
-STEP_PRESETS = {"base": ("base", 32, 256, "none"), "paper": ("paper", 8, 256, "full")}
-TOY_PRESETS = {"tiny": ("tiny", 4, 16, "none")}
+KINDS = ("deterministic", "bayesian")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepPreset:
+  """A train step to time: preset, batch, length, remat policy, and whether its
+  deterministic and Bayesian steps need a process each (they do not fit together)."""
+
+  preset: str
+  batch_size: int
+  length: int
+  remat: str
+  separate: bool = False
+
+
+# base and paper: the shared H200 measurement's settings; paper without remat: what memory
+# now allows (the Bayesian step needs about 123 GB).
+STEP_PRESETS = {"base": StepPreset("base", 32, 256, "none"),
+                "paper": StepPreset("paper", 8, 256, "full"),
+                "paper_no_remat": StepPreset("paper", 8, 256, "none", separate=True)}
+TOY_PRESETS = {"tiny": StepPreset("tiny", 4, 16, "none")}
 INPUTS = "5 6 7 8\n9 10 11\n2 3\n"
 
 
-def step_section(preset: str, batch_size: int, length: int, remat: str, rounds: int
-                 ) -> dict[str, Any]:
-  """Deterministic and Bayesian train steps of one preset, timed together, with MFU."""
+def frozen_prediction(hlo_text: str, device_kind: str, batch_size: int, length: int,
+                      model_flops: float) -> dict[str, Any]:
+  """The frozen GPU model's step seconds and MFU for a compiled program, or why there are none."""
+  from meshbayes.scaling import hlo_profile, peaks, roofline
+
+  generation = peaks.ROOFLINE_GENERATIONS.get(device_kind)
+  if generation not in roofline.GPU_GENERATIONS:
+    return {"error": f"n/a: the frozen model is for {', '.join(roofline.GPU_GENERATIONS)}, "
+                     f"not {device_kind!r}"}
+  record = hlo_profile.program_record(hlo_text, generation, batch_size=batch_size,
+                                      input_length=length, target_length=length,
+                                      model_flops_per_device=model_flops)
+  prediction = roofline.predict(record)
+  return {"seconds": prediction.step_seconds, "mfu": prediction.mfu,
+          "matmul_seconds": prediction.compute_seconds,
+          "memory_seconds": prediction.memory_seconds,
+          "kernel_seconds": prediction.kernel_seconds,
+          "kernels": sum(op["executed"] for op in record["operations_per_device"].values())}
+
+
+def step_section(step: StepPreset, kinds: Sequence[str], rounds: int) -> dict[str, Any]:
+  """Train steps of one preset, timed together, with MFU and the frozen model's prediction."""
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -54,14 +101,16 @@ def step_section(preset: str, batch_size: int, length: int, remat: str, rounds: 
   from meshbayes.scaling.aot import StepSpec
   from meshbayes.tools import bench
 
-  partitioner = Partitioner(data=1, model=1, rules="data_only", devices=jax.devices()[:1])
+  device = jax.devices()[0]
+  partitioner = Partitioner(data=1, model=1, rules="data_only", devices=[device])
   rng = np.random.default_rng(0)
-  programs, flops, states, errors = {}, {}, {}, {}
-  for kind, deterministic in (("deterministic", True), ("bayesian", False)):
-    spec = StepSpec(model=preset, deterministic=deterministic, optimizer="adamw",
-                    batch_size=batch_size, input_length=length, target_length=length,
-                    model_parallel=1, partitioning="data_only", num_train_units=1e6,
-                    overrides=(("dtype", "bfloat16"), ("remat_policy", remat)))
+  programs, flops, states, errors, predicted = {}, {}, {}, {}, {}
+  for kind in kinds:
+    spec = StepSpec(model=step.preset, deterministic=kind == "deterministic", optimizer="adamw",
+                    batch_size=step.batch_size, input_length=step.length,
+                    target_length=step.length, model_parallel=1, partitioning="data_only",
+                    num_train_units=1e6,
+                    overrides=(("dtype", "bfloat16"), ("remat_policy", step.remat)))
     shapes = spec.input_shapes()
     batch = {name: jnp.asarray(rng.integers(1, spec.config().vocab_size, size=shape), jnp.int32)
              for name, shape in shapes.items()}
@@ -70,9 +119,12 @@ def step_section(preset: str, batch_size: int, length: int, remat: str, rounds: 
       start = time.perf_counter()
       states[kind], compiled = bench.compiled_train_step(spec, partitioner, batch)
       compile_seconds = time.perf_counter() - start
-      summary = hlo.analyze(compiled.as_text())
-      flops[kind] = {"traced_matmul": bench.traced_step_flops(spec, partitioner, batch),
-                     "hlo_matmul": summary.matmul_flops, "compile_seconds": compile_seconds}
+      text = compiled.as_text()
+      traced = bench.traced_step_flops(spec, partitioner, batch)
+      flops[kind] = {"traced_matmul": traced, "hlo_matmul": hlo.analyze(text).matmul_flops,
+                     "compile_seconds": compile_seconds}
+      predicted[kind] = frozen_prediction(text, device.device_kind, step.batch_size,
+                                          step.length, traced)
     except Exception as error:  # an out-of-memory compile: recorded, the others still run
       errors[kind] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
       continue
@@ -82,29 +134,90 @@ def step_section(preset: str, batch_size: int, length: int, remat: str, rounds: 
       return metrics["loss"]
 
     programs[kind] = run
-  report: dict[str, Any] = {"preset": preset, "batch_size": batch_size, "length": length,
-                            "remat_policy": remat, "dtype": "bfloat16", "flops": flops,
-                            "errors": errors}
+  report: dict[str, Any] = {**dataclasses.asdict(step), "dtype": "bfloat16", "flops": flops,
+                            "predicted": predicted, "errors": errors}
   try:
     times, medians = bench.alternate(programs, rounds, warmup=1) if programs else ({}, {})
   except Exception as error:  # out of memory at run time
     errors["run"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
     return report
-  device = jax.devices()[0]
+  stats = device.memory_stats() or {}
   report.update({"seconds": times, "median_seconds": medians,
+                 # The process's peak, under each kind it ran.
+                 "peak_bytes_in_use": {kind: stats.get("peak_bytes_in_use") for kind in times},
+                 "bytes_limit": stats.get("bytes_limit"),
                  **peaks.utilization({k: f["traced_matmul"] for k, f in flops.items()}, times,
                                      device.device_kind, device.platform)})
-  if len(times) == 2:
-    report["time_ratio"] = times["bayesian"] / times["deterministic"]
-    report["efficiency_quotient"] = report["time_ratio"] / (
-        flops["bayesian"]["traced_matmul"] / flops["deterministic"]["traced_matmul"])
+  for kind, seconds in times.items():
+    if "seconds" in predicted.get(kind, {}):
+      predicted[kind]["measured_error"] = seconds / predicted[kind]["seconds"] - 1
   return report
 
 
-def _command(args: list[str], timeout: float) -> dict[str, Any]:
+def merge(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+  """One preset's report from the reports of its processes (one, or one per kind)."""
+  merged: dict[str, Any] = {}
+  for part in parts:
+    for key, value in part.items():
+      if isinstance(value, dict) and isinstance(merged.get(key), dict):
+        merged[key] = {**merged[key], **value}
+      else:
+        merged.setdefault(key, value)
+  times, flops = merged.get("seconds", {}), merged.get("flops", {})
+  if set(KINDS) <= set(times):
+    merged["time_ratio"] = times["bayesian"] / times["deterministic"]
+    merged["efficiency_quotient"] = merged["time_ratio"] / (
+        flops["bayesian"]["traced_matmul"] / flops["deterministic"]["traced_matmul"])
+  return merged
+
+
+def run_step_preset(name: str, step: StepPreset, args: argparse.Namespace, work: Path
+                    ) -> dict[str, Any]:
+  """A preset's step section in a process of its own (or one per kind), merged."""
+  groups = [[kind] for kind in KINDS] if step.separate else [list(KINDS)]
+  parts = []
+  for kinds in groups:
+    out = work / f"step-{name}-{'-'.join(kinds)}.json"
+    command = [sys.executable, "-m", "meshbayes.tools.gpu_check", f"--out={out}",
+               f"--step_only={name}", f"--kinds={','.join(kinds)}", f"--rounds={args.rounds}"]
+    done = _command(command + (["--toy"] if args.toy else []), timeout=420,
+                    # The share of memory the GPU targets' usable memory is stated against.
+                    env={"XLA_PYTHON_CLIENT_MEM_FRACTION": str(GPU_MEMORY_FRACTION),
+                         **os.environ})
+    if out.is_file():
+      parts.append(json.loads(out.read_text()))
+    else:
+      parts.append({"errors": {",".join(kinds): f"the process ended with {done['exit_code']}: "
+                                                f"{done['stderr_tail'][-600:]}"}})
+  return merge(parts)
+
+
+def summary(steps: dict[str, dict[str, Any]]) -> str:
+  """A markdown table: each measured step beside the frozen model's prediction."""
+  lines = ["| preset | kind | measured s | predicted s | measured / predicted - 1 | "
+           "MFU measured | MFU predicted | peak GiB |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+  for name, report in steps.items():
+    for kind in KINDS:
+      seconds = report.get("seconds", {}).get(kind)
+      predicted = report.get("predicted", {}).get(kind, {})
+      mfu = report.get("mfu")
+      fmt = lambda value, spec: "-" if value is None else format(value, spec)
+      error = report.get("errors", {}).get(kind)
+      lines.append(
+          f"| {name} | {kind} | {fmt(seconds, '.4f') if not error else 'error'} "
+          f"| {fmt(predicted.get('seconds'), '.4f')} "
+          f"| {fmt(predicted.get('measured_error'), '+.1%')} "
+          f"| {fmt(mfu.get(kind) if isinstance(mfu, dict) else None, '.1%')} "
+          f"| {fmt(predicted.get('mfu'), '.1%')} "
+          f"| {fmt((report.get('peak_bytes_in_use') or {}).get(kind, 0) / 2**30 or None, '.1f')} |")
+  return "\n".join(lines) + "\n"
+
+
+def _command(args: list[str], timeout: float, env: dict[str, str] | None = None
+             ) -> dict[str, Any]:
   start = time.perf_counter()
   try:
-    done = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
     code, err = done.returncode, done.stderr
   except subprocess.TimeoutExpired as expired:
     code, err = None, f"timed out after {timeout} s: {expired.stderr or ''}"
@@ -168,17 +281,25 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                            "(default all; --toy: tiny)")
   parser.add_argument("--rounds", type=int, default=5, help="timed rounds per step")
   parser.add_argument("--train_steps", type=int, default=None,
-                      help="steps of the train part, an even number (default 50; --toy: 8)")
+                      help="steps of the train part, an even number (default 50; --toy: 8); "
+                           "0 leaves the train, eval and infer parts out")
+  parser.add_argument("--step_only", default=None, help=argparse.SUPPRESS)  # one process's part
+  parser.add_argument("--kinds", default=",".join(KINDS), help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   known = TOY_PRESETS if args.toy else STEP_PRESETS
   args.presets = args.presets.split(",") if args.presets else list(known)
-  unknown = [p for p in args.presets if p not in known]
+  unknown = [p for p in args.presets + ([args.step_only] if args.step_only else [])
+             if p not in known]
   if unknown:
     parser.error(f"--presets: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
-  args.train_steps = args.train_steps or (8 if args.toy else 50)
-  if args.train_steps < 2 or args.train_steps % 2:
+  args.kinds = args.kinds.split(",")
+  if not set(args.kinds) <= set(KINDS):
+    parser.error(f"--kinds={','.join(args.kinds)}: choose from {', '.join(KINDS)}")
+  if args.train_steps is None:
+    args.train_steps = 8 if args.toy else 50
+  if args.train_steps and (args.train_steps < 2 or args.train_steps % 2):
     parser.error(f"--train_steps={args.train_steps}: give an even number >= 2 (a checkpoint "
-                 "halfway, then a resume)")
+                 "halfway, then a resume), or 0")
   if args.rounds < 1:
     parser.error(f"--rounds={args.rounds}: give at least 1")
   return args
@@ -186,29 +307,37 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   args = parse_args(argv)
+  presets = TOY_PRESETS if args.toy else STEP_PRESETS
+  Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+  if args.step_only:  # one preset's steps, in this process
+    try:
+      report = step_section(presets[args.step_only], args.kinds, args.rounds)
+    except Exception:
+      report = {"errors": {"section": traceback.format_exc()[-1500:]}}
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    return report
   import jax
 
-  presets = TOY_PRESETS if args.toy else STEP_PRESETS
   report: dict[str, Any] = {"devices": [str(d) for d in jax.devices()],
                             "device_kind": jax.devices()[0].device_kind,
                             "jax_version": jax.__version__, "toy": args.toy, "step": {}}
   start = time.perf_counter()
-  for name in args.presets:
-    began = time.perf_counter()
-    try:
-      report["step"][name] = step_section(*presets[name], rounds=args.rounds)
-    except Exception:
-      report["step"][name] = {"errors": {"section": traceback.format_exc()[-1500:]}}
-    report["step"][name]["seconds_total"] = time.perf_counter() - began
   with tempfile.TemporaryDirectory(prefix="gpu_check-") as work:
-    report.update(run_section(Path(work), args.train_steps, 8 if args.toy else 32,
-                              timeout=300))
-  report["ok"] = (all(not s.get("errors") for s in report["step"].values())
-                  and all(report[part]["ok"] for part in ("train", "eval", "infer")))
+    for name in args.presets:
+      began = time.perf_counter()
+      report["step"][name] = run_step_preset(name, presets[name], args, Path(work))
+      report["step"][name]["seconds_total"] = time.perf_counter() - began
+      Path(args.out).write_text(json.dumps(report, indent=2) + "\n")  # what a cut run keeps
+    if args.train_steps:
+      report.update(run_section(Path(work), args.train_steps, 8 if args.toy else 32,
+                                timeout=300))
+  parts = [report[part]["ok"] for part in ("train", "eval", "infer") if part in report]
+  report["ok"] = all(not s.get("errors") for s in report["step"].values()) and all(parts)
   report["seconds"] = time.perf_counter() - start
-  text = json.dumps(report, indent=2)
-  Path(args.out).write_text(text + "\n")
-  print(text)
+  report["summary"] = summary(report["step"])
+  Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+  print(json.dumps(report, indent=2))
+  print(report["summary"])
   return report
 
 

@@ -1,11 +1,13 @@
-"""Compile the trainer's train step for TPU topologies or simulated CPU meshes, and report
-per-device memory, fit, FLOPs and collectives.
+"""Compile the trainer's train step for TPU topologies, NVIDIA GPUs or simulated CPU meshes,
+and report per-device memory, fit, FLOPs and collectives.
 
 The step is the one ``meshbayes.train`` runs (``StepFunctions.train_step``
 jitted by ``train_step.jit_train_step`` with the partitioner's shardings and a
-donated state), compiled ahead of time: no TPU needed, only libtpu (the
-``tpu`` extra) for TPU targets; ``--target=cpu`` compiles for simulated CPU
-meshes of the same sizes and estimates the fit against the TPU's memory.
+donated state), compiled ahead of time: no TPU or GPU needed, only libtpu (the
+``tpu`` extra) for TPU targets and JAX's CUDA plugin (the ``gpu-aot`` extra, in
+a venv of its own) for GPU targets (``h100:1``, ``h200:8``); ``--target=cpu``
+compiles for simulated CPU meshes of the same sizes and estimates the fit
+against the TPU's or GPU's memory.
 
   python -m meshbayes.tools.scaling_study --model=paper --topologies=v2:2x2,v2:4x4,v2:8x8,v2:16x16 \\
     --json=docs/scaling/paper_v2.json
@@ -14,6 +16,8 @@ meshes of the same sizes and estimates the fit against the TPU's memory.
   python -m meshbayes.tools.scaling_study --model=paper --topologies=v2:16x16 --remat=full \\
     --search_layers=6,12,24 --json=docs/scaling/search_v2.json     # largest fitting model
   python -m meshbayes.tools.scaling_study --from_json docs/scaling/paper_v2.json  # predictions only
+  python -m meshbayes.tools.scaling_study --model=paper --topologies=h200:1 --partitioning=data_only \\
+    --batch_size=8 --dtype=bfloat16 --remat=none --compare_deterministic --json=runs/h200.json
 
 Writes the JSON (a list, one record per target and configuration), a
 markdown table (``--markdown``, default next to the JSON) and log-log plots
@@ -29,12 +33,14 @@ compiler's when it does not fit), ``required_bytes_per_device`` (out of
 memory), ``flops_per_device`` (matmul FLOPs per device per step, loops
 unrolled), ``xla_flops_per_device`` (XLA's cost analysis, which counts a loop
 body once), ``collectives`` (count, executed per step, bytes), and
-``compile_seconds``; for TPU targets also ``collective_groups`` (each
+``compile_seconds``; for TPU and GPU targets also ``collective_groups`` (each
 collective's replica groups: mesh axes and torus links they span),
-``hbm_bytes_per_device`` (bytes the program's operations move; both from
+``hbm_bytes_per_device`` and ``operations_per_device`` (bytes the program's
+operations move, and its kernels on a GPU; both from
 ``meshbayes.scaling.hlo_profile``) and
 ``roofline`` (the predicted step time on the target's generation,
-``meshbayes.scaling.roofline``; the markdown's "Predicted step time" table).
+``meshbayes.scaling.roofline``, on GPUs its frozen step-time model; the
+markdown's "Predicted step time" table).
 ``--from_json`` recomputes that table from existing JSON files without compiling.
 """
 
@@ -65,9 +71,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   parser.add_argument("--model", default="paper", help="size preset (tiny ... paper, 10b)")
   parser.add_argument("--topologies",
                       help="comma-separated targets: v2:2x2, v3:4x4, v4:8x8x8, v5e:16x16, "
-                           "v5p:4x8x8, or cpu:N")
-  parser.add_argument("--target", choices=("tpu", "cpu"), default="tpu",
-                      help="compile for TPU topologies (libtpu) or simulated CPU meshes")
+                           "v5p:4x8x8, h100:N, h200:N (N <= 8), or cpu:N")
+  parser.add_argument("--target", choices=("tpu", "gpu", "cpu"), default=None,
+                      help="compile for the names' own devices (TPU topologies with libtpu, "
+                           "GPUs with JAX's CUDA plugin: the default) or simulated CPU meshes")
   parser.add_argument("--partitioning", default="fsdp_tp",
                       help="rule preset: data_only, megatron, fsdp_tp")
   parser.add_argument("--model_parallel", type=int, default=8,
@@ -114,12 +121,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   return args
 
 
-def _set_up_jax(args: argparse.Namespace, targets) -> None:
-  os.environ.setdefault("JAX_PLATFORMS", "cpu")  # TPU targets are compile-only devices
-  if args.target == "tpu":
+def _set_up_jax(targets) -> None:
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")  # TPU and GPU targets are compile-only devices
+  if any(t.platform == "tpu" for t in targets):
     prepare_libtpu()
-  else:
-    count = max(t.num_devices for t in targets)
+  simulated = [t.num_devices for t in targets if t.platform == "cpu"]
+  if simulated:
+    count = max(simulated)
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_force_host_platform_device_count" not in flags:
       os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
@@ -148,7 +156,7 @@ def _base_spec(args: argparse.Namespace):
 def _versions() -> dict[str, str]:
   import importlib.metadata
   versions = {}
-  for package in ("jax", "jaxlib", "libtpu"):
+  for package in ("jax", "jaxlib", "libtpu", "jax-cuda12-plugin"):
     try:
       versions[package] = importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
@@ -220,11 +228,14 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
   args = parse_args(argv)
   if args.from_json is not None:
     return _from_json(args)
-  targets = parse_targets(args.topologies, args.target)
-  _set_up_jax(args, targets)
+  try:
+    targets = parse_targets(args.topologies, args.target)
+  except ValueError as error:
+    raise SystemExit(f"--topologies: {error}")
+  _set_up_jax(targets)
   import jax
 
-  from meshbayes.scaling import aot, hlo_profile, report, roofline, search
+  from meshbayes.scaling import aot, report, search
 
   base = _base_spec(args)
   json_path = Path(args.json)
@@ -237,14 +248,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
   records: list[dict] = []
 
   def compile_and_log(spec, target):
-    record = aot.compile_step(spec, target, keep_hlo=target.platform == "tpu")
-    text = record.pop("hlo_text", None)
-    if text is not None:  # which devices each collective runs between, and HBM bytes
-      mesh = aot.make_partitioner(spec, target).mesh
-      record.update(hlo_profile.program_profile(text, dict(mesh.shape),
-                                                hlo_profile.mesh_chip_coords(mesh)))
-      del text
-    record["roofline"] = roofline.predictions(record)
+    record = aot.compile_and_profile(spec, target)
     record.update(context)
     records.append(record)
     json_path.write_text(json.dumps(records, indent=1))  # partial results survive
@@ -285,8 +289,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
   if any(r.get("roofline") for r in records):
     text += ["## Predicted step time (roofline)", "",
              "`meshbayes.scaling.roofline` on the generation's published peak rates "
-             "(docs/performance.md); step, tokens/s, TFLOP/s and MFU: collectives hidden "
-             "behind computation / not hidden.", "", report.roofline_table(records)]
+             "(docs/performance.md; on GPUs its frozen step-time model); step, tokens/s, "
+             "TFLOP/s and MFU: collectives hidden behind computation / not hidden.", "",
+             report.roofline_table(records)]
   if summaries:
     text += ["## Largest fitting model per depth", ""]
     for label, layers, best in summaries:

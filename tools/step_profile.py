@@ -43,6 +43,15 @@ frames; the first that applies wins:
   python -m meshbayes.tools.step_profile --sections=buffers --model=base --batch=24 \\
       --length=192 --dtype=bfloat16
 
+``gpu`` compiles the steps for a GPU (``--target=h200:1``; JAX's CUDA plugin,
+the ``gpu-aot`` extra, no GPU) without running them and splits the frozen
+step-time model's seconds (``roofline.FROZEN_GPU_MODEL``) by kind of work of
+the program's kernels (``hlo_profile.WORK_KINDS``), with each kind's kernels
+and HBM bytes and the kernels of avoidable work (``scaling.kernels``).
+
+  python -m meshbayes.tools.step_profile --sections=gpu --target=h200:1 --model=base \\
+      --batch=32 --length=256 --dtype=bfloat16 --remat_policy=none
+
 ``buffers`` compiles the steps for one CPU device without running them and
 lists the buffers live at each program's memory peak (XLA's live-range dump),
 each with the kind of the value it holds, from the instruction that computed
@@ -646,6 +655,45 @@ def buffers_markdown(report: dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
+# --- gpu: the frozen step-time model by kind of work ---------------------------------------------
+
+def gpu_report(spec: Any, target: Any) -> dict[str, Any]:
+  """``spec``'s step compiled for a GPU target: the frozen model's seconds by kind of work."""
+  from meshbayes.scaling import aot, roofline
+
+  record = aot.compile_and_profile(spec, target)
+  if record.get("error") or not record.get("roofline"):
+    raise SystemExit(f"--target={target.name}: the step did not compile: "
+                     f"{record.get('error') or record.get('message')}")
+  seconds = roofline.seconds_by_kind(record)
+  operations = record["operations_per_device"]
+  return {"step": record["roofline"]["max"], "fits": record["fits"],
+          "peak_bytes": record["peak_bytes_per_device"],
+          "by_kind": {kind: {"seconds": seconds[kind], **operations[kind]} for kind in seconds},
+          "avoidable_kernels": record["avoidable_kernels"]}
+
+
+def gpu_markdown(report: dict[str, Any]) -> str:
+  """Frozen-model milliseconds, kernels and HBM GB by kind of work, side by side."""
+  det, bay = report["deterministic"], report["bayesian"]
+  lines = ["| kind of work | det. ms | det. kernels | det. GB | Bayes. ms | Bayes. kernels "
+           "| Bayes. GB |", "|---|" + "---:|" * 6]
+  row = lambda r: (f"{r['seconds'] * 1e3:.1f} | {r['executed']:,.0f} | "
+                   f"{r['bytes'] / 1e9:.1f}")
+  for kind in det["by_kind"]:
+    lines.append(f"| {kind} | {row(det['by_kind'][kind])} | {row(bay['by_kind'][kind])} |")
+  step = lambda r: f"{r['step']['step_seconds'] * 1e3:.1f} ms, MFU {r['step']['mfu']:.1%}"
+  lines += [f"| step | {step(det)} | | | {step(bay)} | | |", "",
+            "| avoidable work | det. kernels | det. GB | Bayes. kernels | Bayes. GB |",
+            "|---|---:|---:|---:|---:|"]
+  for kind in det["avoidable_kernels"]:
+    if kind != "kernels":
+      d, b = det["avoidable_kernels"][kind], bay["avoidable_kernels"][kind]
+      lines.append(f"| {kind} | {d['executed']:,.0f} | {d['bytes'] / 1e9:.1f} "
+                   f"| {b['executed']:,.0f} | {b['bytes'] / 1e9:.1f} |")
+  return "\n".join(lines)
+
+
 # --- the steps ---------------------------------------------------------------------------------
 
 def step_spec(args: argparse.Namespace, deterministic: bool, optimizer: str = "adamw") -> Any:
@@ -709,16 +757,26 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   parser.add_argument("--json", default=None, help="also write the report here")
   parser.add_argument("--sections", default="time",
                       help="comma-separated: time (work and profiled seconds by kind), "
-                           "buffers (the memory peak's buffers by kind; compiled, not run)")
+                           "buffers (the memory peak's buffers by kind; compiled, not run), "
+                           "gpu (the frozen model's seconds by kind on --target; compiled)")
+  parser.add_argument("--target", default="h200:1", help="the gpu section's GPU: h100:N, h200:N")
   parser.add_argument("--dtype", default=None, help="compute dtype (default: the preset's)")
   parser.add_argument("--remat_policy", default=None, help="none, full or minimal (default: "
                       "the preset's)")
   args = parser.parse_args(argv)
   sections = [s for s in args.sections.split(",") if s]
-  unknown = sorted(set(sections) - {"time", "buffers"})
+  unknown = sorted(set(sections) - {"time", "buffers", "gpu"})
   if unknown or not sections:
     parser.error(f"--sections={args.sections!r}: {', '.join(unknown) or 'none given'} not "
-                 "among time, buffers")
+                 "among time, buffers, gpu")
+  if "gpu" in sections:
+    from meshbayes.scaling.targets import parse_target
+    try:
+      target = parse_target(args.target)
+    except ValueError as error:
+      parser.error(f"--target: {error}")
+    if target.platform != "gpu":
+      parser.error(f"--target={args.target}: name a GPU (h100:N, h200:N)")
   report: dict[str, Any] = {"model": args.model, "batch_size": args.batch,
                             "length": args.length, "dtype": args.dtype,
                             "remat_policy": args.remat_policy,
@@ -727,6 +785,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     report["buffers"] = {name: buffer_report(step_spec(args, deterministic), args.top)
                          for name, deterministic in (("deterministic", True), ("bayesian", False))}
     print(buffers_markdown(report["buffers"]))
+  if "gpu" in sections:
+    report["gpu"] = {"target": target.name, **{
+        name: gpu_report(step_spec(args, deterministic), target)
+        for name, deterministic in (("deterministic", True), ("bayesian", False))}}
+    print(gpu_markdown(report["gpu"]))
   if "time" in sections:
     report.update(time_report(args))
     print(markdown(report))

@@ -59,7 +59,7 @@ def _contract(inputs: Array, kernel: Array, *, axis: tuple[int, ...], precision:
   With the contracted axes last (the usual case) both operands are reshaped to
   matrices, ``(rows, in) @ (in, out)``, so the kernel's gradient is one
   ``inputs^T @ grad`` that needs no transposed copy of ``grad``
-  (docs/performance.md says what the copy cost). The result has the shape
+  (docs/results/2026-11-cpu-train-step.md says what the copy cost). The result has the shape
   ``lax.dot_general`` would give.
   """
   num = len(axis)

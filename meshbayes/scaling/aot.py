@@ -27,7 +27,7 @@ from meshbayes import partitioning
 from meshbayes.field_checks import positive_ints
 from meshbayes.layers import count_parameters
 from meshbayes.optimizers import OPTIMIZERS, KLWeight, Optimizer
-from meshbayes.scaling import hlo
+from meshbayes.scaling import hlo, hlo_profile, kernels, roofline
 from meshbayes.scaling.targets import GIB, Target
 from meshbayes.train_step import StepFunctions, abstract_state, jit_train_step
 from meshbayes.models.configurables import PRESETS, preset_config
@@ -249,11 +249,6 @@ def prepare_step(spec: StepSpec, target: Target) -> PreparedStep:
                       partitioner.placed(abstract), batch)
 
 
-def _compiler_options(target: Target) -> dict[str, Any]:
-  # Simulated CPU meshes are compiled, never run: LLVM's expensive passes only cost time.
-  return {"xla_llvm_disable_expensive_passes": True} if target.platform == "cpu" else {}
-
-
 def describe(spec: StepSpec, target: Target) -> dict[str, Any]:
   """The record fields that need no compile: target, model sizes, batch, settings."""
   config = spec.config()
@@ -313,7 +308,7 @@ def compile_step(spec: StepSpec, target: Target, *, keep_hlo: bool = False) -> d
                 model_flops_per_device=prepared.traced_matmul_flops() / target.num_devices)
   start = time.perf_counter()
   try:
-    compiled = prepared.lower().compile(compiler_options=_compiler_options(target))
+    compiled = prepared.lower().compile(compiler_options=target.compiler_options)
   except Exception as error:  # XlaRuntimeError and friends; OOM is one of them
     record["compile_seconds"] = time.perf_counter() - start
     message = _compiler_message(error)
@@ -331,6 +326,28 @@ def compile_step(spec: StepSpec, target: Target, *, keep_hlo: bool = False) -> d
     record["hlo_text"] = compiled.as_text()
   del compiled
   gc.collect()
+  return record
+
+
+def compile_and_profile(spec: StepSpec, target: Target) -> dict[str, Any]:
+  """``compile_step``, and on TPU and GPU targets what its program does read from its HLO.
+
+  Adds ``hlo_profile.program_profile``'s collectives, HBM bytes and operations (kernels on
+  a GPU), on a GPU the kernels of avoidable work (``avoidable_kernels``:
+  ``kernels.avoidable_work``), and ``roofline``: the predicted step
+  (``roofline.predictions``; on a GPU the frozen step-time model's).
+  """
+  record = compile_step(spec, target, keep_hlo=target.platform != "cpu")
+  text = record.pop("hlo_text", None)
+  if text is not None:
+    mesh = make_partitioner(spec, target).mesh
+    record.update(hlo_profile.program_profile(text, dict(mesh.shape),
+                                              hlo_profile.mesh_chip_coords(mesh)))
+    if target.platform == "gpu":
+      record["avoidable_kernels"] = kernels.avoidable_work(
+          text, {spec.input_length, spec.target_length})
+    del text
+  record["roofline"] = roofline.predictions(record)
   return record
 
 

@@ -22,6 +22,12 @@ rates (``HARDWARE``):
   behind computation, as XLA's asynchronous collectives can be) or
   ``t_c + t_m + t_n`` with ``overlap="sum"`` (none hidden).
 
+On GPUs (``h100``, ``h200``) the local time is ``FROZEN_GPU_MODEL``'s: matmul
+FLOPs at 47.5% of the peak, every other kind of work's bytes at the HBM
+bandwidth, and 2.0 us per kernel (a top-level operation of the program),
+constants fitted on the H200 steps we measured and frozen as the ruler later
+changes are judged by (``gpu_model=None`` gives the bare roofline).
+
 Throughput follows: tokens per step (encoder and decoder tokens of the global
 batch) over the step time, the slice's model FLOP/s, and the model FLOP
 utilization ``MFU = model FLOPs per device / (step time x peak per device)``.
@@ -96,6 +102,10 @@ class Hardware:
                        "the numbers come from")
 
   @property
+  def is_gpu(self) -> bool:
+    return self.generation in GPU_GENERATIONS
+
+  @property
   def peak_flops_per_device(self) -> float:
     return self.peak_flops_per_chip / self.devices_per_chip
 
@@ -108,6 +118,7 @@ class Hardware:
     return chips > 2 and chips % self.wraparound_multiple == 0
 
 
+GPU_GENERATIONS = ("h100", "h200")
 _JOUPPI_2020 = ("Jouppi et al., 'A Domain-Specific Supercomputer for Training Deep Neural "
                 "Networks', CACM 63(7), 2020, doi:10.1145/3360307, Table 3 (Google's Cloud "
                 "TPU system-architecture page refers to it for v2 and v3)")
@@ -170,6 +181,45 @@ HARDWARE: dict[str, Hardware] = {
         source="https://www.nvidia.com/en-us/data-center/h200/ (H200 SXM: 1,979 TFLOP/s bf16 "
                "with sparsity, 989 dense; HBM3e 4.8 TB/s; NVLink 900 GB/s bidirectional)"),
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuStepModel:
+  """A GPU step's local seconds: ``matmul FLOPs / (matmul_fraction_of_peak x peak) + other
+  operations' bytes / HBM bandwidth + kernels x seconds_per_kernel``.
+
+  Attributes:
+    matmul_fraction_of_peak: the share of the dense bf16 peak the matmuls reach.
+    seconds_per_kernel: what each kernel costs beyond its FLOPs and bytes (launch, tail,
+      kernels too small to fill the GPU).
+    source: where the constants come from.
+  """
+
+  matmul_fraction_of_peak: float
+  seconds_per_kernel: float
+  source: str
+
+  def __post_init__(self):
+    if not 0 < self.matmul_fraction_of_peak <= 1:
+      raise ValueError(f"GpuStepModel: matmul_fraction_of_peak={self.matmul_fraction_of_peak!r}"
+                       " must be in (0, 1]")
+    if not self.seconds_per_kernel >= 0:
+      raise ValueError(f"GpuStepModel: seconds_per_kernel={self.seconds_per_kernel!r} must be "
+                       ">= 0")
+    if not isinstance(self.source, str) or not self.source.strip():
+      raise ValueError("GpuStepModel: source must cite where the constants come from")
+
+
+# Frozen: later GPU goals are judged by these constants; change them only with a new
+# measurement and the same check (tests/scaling/test_gpu_step_model.py).
+FROZEN_GPU_MODEL = GpuStepModel(
+    matmul_fraction_of_peak=0.475, seconds_per_kernel=2.0e-6,
+    source="fitted on two steps measured on one NVIDIA H200 on 2026-11-26 (shared measurement "
+           "h200-2026-11: JAX 0.11.2, commit 56c213e, bf16, one device): base deterministic, "
+           "32 x 256, no remat, 0.0809 s and paper deterministic, 8 x 256, full remat, 0.1615 s, "
+           "with matmul FLOPs, HBM bytes and kernels read from their optimized HLO; it predicted "
+           "the two Bayesian steps within 2.5% and deviceless compiles of the same code within "
+           "5.3% (docs/performance.md)")
 
 
 def hardware(generation: str) -> Hardware:
@@ -279,6 +329,7 @@ class Prediction:
     communication_by_axis: the same split by the mesh axes the groups span
       (``data``, ``model``, ``data+model``; ``unknown`` where not known).
     step_seconds: the combination that ``overlap`` names.
+    kernel_seconds: on GPUs, the frozen model's cost of the kernels (else None).
     tokens_per_second: encoder and decoder tokens of the global batch per second.
     tflops_per_second: model FLOP/s of the whole slice, in units of 1e12.
     mfu: model FLOPs per device over (step time x peak per device).
@@ -296,6 +347,7 @@ class Prediction:
   tflops_per_second: float
   mfu: float
   communication_model: str
+  kernel_seconds: float | None = None
 
   def as_dict(self) -> dict[str, Any]:
     return dataclasses.asdict(self)
@@ -334,16 +386,19 @@ def _communication(record: Mapping[str, Any], hw: Hardware) -> tuple[dict[str, f
 
 
 def predict(record: Mapping[str, Any], hardware_spec: Hardware | None = None,
-            overlap: str = "max") -> Prediction:
+            overlap: str = "max", gpu_model: GpuStepModel | None = FROZEN_GPU_MODEL
+            ) -> Prediction:
   """The roofline prediction of a compiled record's step.
 
   Args:
     record: a scaling-study record that compiled (``flops_per_device`` set).
     hardware_spec: the chip; default ``HARDWARE[record["generation"]]``.
     overlap: ``max`` or ``sum`` (see the module docstring).
+    gpu_model: on a GPU, the model of its local time (None: the bare roofline).
 
   Raises:
-    ValueError: an unknown overlap or generation, or a record that did not compile.
+    ValueError: an unknown overlap or generation, a record that did not compile, or a
+      GPU model asked of a record without ``operations_per_device``.
   """
   if overlap not in OVERLAPS:
     raise ValueError(f"roofline: overlap={overlap!r} must be one of {', '.join(OVERLAPS)}")
@@ -352,16 +407,25 @@ def predict(record: Mapping[str, Any], hardware_spec: Hardware | None = None,
     raise ValueError(f"roofline: record for target {record.get('target')!r} has no "
                      "flops_per_device (it did not compile); nothing to predict")
   hw = hardware_spec if hardware_spec is not None else hardware(record.get("generation"))
-  compute = flops / hw.peak_flops_per_device
-  memory = None
+  bandwidth = hw.hbm_bytes_per_second_per_device
   profile = record.get("hbm_bytes_per_device")
-  if profile:
-    bandwidth = hw.hbm_bytes_per_second_per_device
-    memory = (max(0.0, profile["matmul_ops"] / bandwidth - compute)
-              + profile["other_ops"] / bandwidth)
+  kernel_seconds = None
+  if hw.is_gpu and gpu_model is not None:
+    operations = _operations(record)
+    compute = flops / (gpu_model.matmul_fraction_of_peak * hw.peak_flops_per_device)
+    memory = sum(entry["bytes"] for kind, entry in operations.items() if kind != "matmul") \
+        / bandwidth
+    kernel_seconds = gpu_model.seconds_per_kernel * sum(
+        entry["executed"] for entry in operations.values())
+  else:
+    compute = flops / hw.peak_flops_per_device
+    memory = None
+    if profile:
+      memory = (max(0.0, profile["matmul_ops"] / bandwidth - compute)
+                + profile["other_ops"] / bandwidth)
   by_axis, model = _communication(record, hw)
   communication = sum(by_axis.values())
-  local = compute + (memory or 0.0)
+  local = compute + (memory or 0.0) + (kernel_seconds or 0.0)
   step = max(local, communication) if overlap == "max" else local + communication
   model_flops = record.get("model_flops_per_device") or flops
   tokens = record["batch_size"] * (record["input_length"] + record["target_length"])
@@ -370,7 +434,8 @@ def predict(record: Mapping[str, Any], hardware_spec: Hardware | None = None,
       communication_seconds=communication, communication_by_axis=by_axis, step_seconds=step,
       tokens_per_second=tokens / step,
       tflops_per_second=model_flops * record["cores"] / step / 1e12,
-      mfu=model_flops / (step * hw.peak_flops_per_device), communication_model=model)
+      mfu=model_flops / (step * hw.peak_flops_per_device), communication_model=model,
+      kernel_seconds=kernel_seconds)
 
 
 def predictions(record: Mapping[str, Any]) -> dict[str, dict[str, Any]] | None:
@@ -380,22 +445,34 @@ def predictions(record: Mapping[str, Any]) -> dict[str, dict[str, Any]] | None:
   return {overlap: predict(record, overlap=overlap).as_dict() for overlap in OVERLAPS}
 
 
-def seconds_by_kind(record: Mapping[str, Any], hardware_spec: Hardware | None = None
-                    ) -> dict[str, float]:
-  """A profiled record's predicted compute and HBM time split by ``hlo_profile.WORK_KINDS``.
-
-  The matmuls take their FLOPs at peak or their bytes at HBM bandwidth, whichever
-  is longer; every other kind its bytes at HBM bandwidth (collectives: their HBM
-  reads and writes, not the link time). The kinds add up to ``predict``'s
-  ``compute_seconds + memory_seconds``.
-  """
-  hw = hardware_spec if hardware_spec is not None else hardware(record.get("generation"))
+def _operations(record: Mapping[str, Any]) -> Mapping[str, Any]:
   operations = record.get("operations_per_device")
   if not operations:
     raise ValueError(f"roofline: record for target {record.get('target')!r} has no "
                      "operations_per_device (hlo_profile.program_profile has not read its HLO)")
+  return operations
+
+
+def seconds_by_kind(record: Mapping[str, Any], hardware_spec: Hardware | None = None,
+                    gpu_model: GpuStepModel | None = FROZEN_GPU_MODEL) -> dict[str, float]:
+  """A profiled record's predicted compute and HBM time split by ``hlo_profile.WORK_KINDS``.
+
+  The bare roofline: the matmuls take their FLOPs at peak or their bytes at HBM
+  bandwidth, whichever is longer; every other kind its bytes at HBM bandwidth
+  (collectives: their HBM reads and writes, not the link time). On a GPU with
+  ``gpu_model``: the matmuls their FLOPs at the model's share of the peak, every
+  other kind its bytes, and each kind its kernels' cost. The kinds add up to
+  ``predict``'s local time (compute, memory and kernels).
+  """
+  hw = hardware_spec if hardware_spec is not None else hardware(record.get("generation"))
+  operations = _operations(record)
   bandwidth = hw.hbm_bytes_per_second_per_device
   seconds = {kind: entry["bytes"] / bandwidth for kind, entry in operations.items()}
+  if hw.is_gpu and gpu_model is not None:
+    seconds["matmul"] = record["flops_per_device"] / (
+        gpu_model.matmul_fraction_of_peak * hw.peak_flops_per_device)
+    return {kind: value + gpu_model.seconds_per_kernel * operations[kind]["executed"]
+            for kind, value in seconds.items()}
   seconds["matmul"] = max(record["flops_per_device"] / hw.peak_flops_per_device,
                           seconds["matmul"])
   return seconds

@@ -78,7 +78,7 @@ def test_the_tool_reports_each_program_by_kind_and_the_ablations_times(tmp_path,
 def test_the_peak_buffers_by_kind_show_stored_noise_and_its_regeneration(tmp_path, capsys):
   """The tiny preset's steps, compiled: the kinds add up to the live-range peak; the
   deterministic step holds no noise; the Bayesian step's stored noise is at its peak and
-  regenerating takes it off (what docs/performance.md's tables measure at full size)."""
+  regenerating takes it off (what docs/results/2026-11-noise-regenerated.md measures at full size)."""
   args = ["--sections=buffers", "--model=tiny", "--batch=8", "--length=16", "--top=3"]
   regenerated = step_profile.main([*args, f"--json={tmp_path / 'r.json'}"])["buffers"]
   with storing_noise():  # the deterministic step would be the same again: not compiled

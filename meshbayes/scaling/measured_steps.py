@@ -1,0 +1,58 @@
+"""Train steps measured on one NVIDIA H200, which fix and check the frozen GPU step-time model.
+
+Shared measurement ``h200-2026-11`` (2026-11-26): the trainer's jitted step at
+project commit ``MEASURED_COMMIT``, JAX 0.11.2 (CUDA 13 plugin), bf16, one
+device, ``data_only`` rules, AdamW, ``num_train_units=1e6``; the fastest of its
+timed rounds. ``roofline.FROZEN_GPU_MODEL`` was fitted on ``base_det_none`` and
+``paper_det_full``; ``tools/gpu_model_check.py`` compiles the same code for an
+H200 without one and sets the model's prediction against these seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+MEASURED_COMMIT = "56c213e"
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuredStep:
+  """One measured train step.
+
+  Attributes:
+    name: ``PRESET_KIND_REMAT`` (``base_det_none``).
+    preset: the model preset.
+    deterministic: the deterministic twin, else the Bayesian layers.
+    batch_size: sequences per step.
+    length: input and target tokens per sequence.
+    remat: the ``remat_policy``.
+    seconds: the fastest measured step.
+    traced_matmul_flops: the step's matmul FLOPs as traced (recompute included).
+  """
+
+  name: str
+  preset: str
+  deterministic: bool
+  batch_size: int
+  length: int
+  remat: str
+  seconds: float
+  traced_matmul_flops: float
+
+  def spec_fields(self) -> dict:
+    """``scaling.aot.StepSpec`` fields of the step as it was measured."""
+    return {"model": self.preset, "deterministic": self.deterministic, "optimizer": "adamw",
+            "batch_size": self.batch_size, "input_length": self.length,
+            "target_length": self.length, "model_parallel": 1, "partitioning": "data_only",
+            "num_train_units": 1e6,
+            "overrides": (("dtype", "bfloat16"), ("remat_policy", self.remat))}
+
+
+H200_STEPS = (
+    MeasuredStep("base_det_none", "base", True, 32, 256, "none", 0.0809, 1.1650e13),
+    MeasuredStep("base_bayes_none", "base", False, 32, 256, "none", 0.1522, 2.1391e13),
+    MeasuredStep("paper_det_full", "paper", True, 8, 256, "full", 0.1615, 4.5758e13),
+    MeasuredStep("paper_bayes_full", "paper", False, 8, 256, "full", 0.3817, 9.1937e13),
+    # Measured alone (the Bayesian step beside it ran out of memory); not used in the fit.
+    MeasuredStep("paper_det_none", "paper", True, 8, 256, "none", 0.1642, 3.6893e13),
+)
