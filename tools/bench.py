@@ -223,10 +223,11 @@ def bench_step(args: argparse.Namespace) -> dict[str, Any]:
 
 def step_spec(args: argparse.Namespace, deterministic: bool, optimizer: str = "adamw") -> Any:
   """The step section's train step: ``--step_model`` on one device, ``data_only`` rules."""
-  from meshbayes.scaling.aot import StepSpec
+  from meshbayes.scaling.aot import StepSpec, parse_overrides
 
   overrides = {name: value for name, value in (("dtype", args.step_dtype),
                                                ("remat_policy", args.step_remat)) if value}
+  overrides.update(parse_overrides(args.step_overrides))
   return StepSpec(model=args.step_model, deterministic=deterministic, optimizer=optimizer,
                   batch_size=args.step_batch, input_length=args.step_length,
                   target_length=args.step_length, model_parallel=1, partitioning="data_only",
@@ -672,6 +673,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   parser.add_argument("--step_dtype", default=None, help="compute dtype (default: the preset's)")
   parser.add_argument("--step_remat", default=None,
                       help="none, full or minimal (default: the preset's)")
+  parser.add_argument("--step_overrides", default="",
+                      help="TransformerConfig fields of the step's model, e.g. "
+                           "scan_layers=False,attention_dropout_rate=0.0")
   parser.add_argument("--step_target", default=None,
                       help="a GPU (h100:N, h200:N) to compile the step for, without running "
                            "it: the frozen step-time model's seconds, TFLOP/s and MFU")
@@ -714,6 +718,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   if unknown:
     parser.error(f"--sections: unknown {', '.join(sorted(unknown))}; choose from "
                  f"{', '.join(SECTIONS)}")
+  from meshbayes.scaling.aot import parse_overrides
+  try:
+    parse_overrides(args.step_overrides)
+  except ValueError as error:
+    parser.error(f"--step_overrides: {error}")
   if len(args.trainer_models.split(",")) != len(args.trainer_steps.split(",")):
     parser.error(f"--trainer_steps={args.trainer_steps}: give one count per --trainer_models "
                  f"entry ({args.trainer_models})")

@@ -51,21 +51,30 @@ KINDS = ("deterministic", "bayesian")
 
 @dataclasses.dataclass(frozen=True)
 class StepPreset:
-  """A train step to time: preset, batch, length, remat policy, and whether its
-  deterministic and Bayesian steps need a process each (they do not fit together)."""
+  """A train step to time: preset, batch, length, remat policy, other ``TransformerConfig``
+  overrides, and whether its deterministic and Bayesian steps need a process each (they
+  do not fit together)."""
 
   preset: str
   batch_size: int
   length: int
   remat: str
   separate: bool = False
+  overrides: tuple[tuple[str, Any], ...] = ()
 
 
 # base and paper: the shared H200 measurement's settings; paper without remat: what memory
-# now allows (the Bayesian step needs about 123 GB).
+# now allows (the Bayesian step needs about 123 GB). The ``_gpu`` presets: the step's shape
+# the frozen model chose for an H200 (docs/performance.md): layers unrolled, no remat, more
+# sequences per step; not run by default (their compiles take minutes).
 STEP_PRESETS = {"base": StepPreset("base", 32, 256, "none"),
                 "paper": StepPreset("paper", 8, 256, "full"),
-                "paper_no_remat": StepPreset("paper", 8, 256, "none", separate=True)}
+                "paper_no_remat": StepPreset("paper", 8, 256, "none", separate=True),
+                "base_gpu": StepPreset("base", 64, 256, "none",
+                                       overrides=(("scan_layers", False),)),
+                "paper_gpu": StepPreset("paper", 16, 256, "none", separate=True,
+                                        overrides=(("scan_layers", False),))}
+DEFAULT_PRESETS = ("base", "paper", "paper_no_remat")
 TOY_PRESETS = {"tiny": StepPreset("tiny", 4, 16, "none")}
 INPUTS = "5 6 7 8\n9 10 11\n2 3\n"
 
@@ -110,7 +119,8 @@ def step_section(step: StepPreset, kinds: Sequence[str], rounds: int) -> dict[st
                     batch_size=step.batch_size, input_length=step.length,
                     target_length=step.length, model_parallel=1, partitioning="data_only",
                     num_train_units=1e6,
-                    overrides=(("dtype", "bfloat16"), ("remat_policy", step.remat)))
+                    overrides=(("dtype", "bfloat16"), ("remat_policy", step.remat),
+                               *step.overrides))
     shapes = spec.input_shapes()
     batch = {name: jnp.asarray(rng.integers(1, spec.config().vocab_size, size=shape), jnp.int32)
              for name, shape in shapes.items()}
@@ -174,7 +184,7 @@ def merge(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def run_step_preset(name: str, step: StepPreset, args: argparse.Namespace, work: Path
                     ) -> dict[str, Any]:
   """A preset's step section in a process of its own (or one per kind), merged."""
-  groups = [[kind] for kind in KINDS] if step.separate else [list(KINDS)]
+  groups = [[kind] for kind in args.kinds] if step.separate else [list(args.kinds)]
   parts = []
   for kinds in groups:
     out = work / f"step-{name}-{'-'.join(kinds)}.json"
@@ -278,16 +288,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                       help="tiny preset, 4 x 16 tokens, 4 + 4 train steps (runs on a CPU)")
   parser.add_argument("--presets", default=None,
                       help=f"comma-separated, from {', '.join(STEP_PRESETS)} "
-                           "(default all; --toy: tiny)")
+                           f"(default {','.join(DEFAULT_PRESETS)}; --toy: tiny)")
   parser.add_argument("--rounds", type=int, default=5, help="timed rounds per step")
   parser.add_argument("--train_steps", type=int, default=None,
                       help="steps of the train part, an even number (default 50; --toy: 8); "
                            "0 leaves the train, eval and infer parts out")
   parser.add_argument("--step_only", default=None, help=argparse.SUPPRESS)  # one process's part
-  parser.add_argument("--kinds", default=",".join(KINDS), help=argparse.SUPPRESS)
+  parser.add_argument("--kinds", default=",".join(KINDS),
+                      help=f"comma-separated steps to time, from {', '.join(KINDS)}")
   args = parser.parse_args(argv)
   known = TOY_PRESETS if args.toy else STEP_PRESETS
-  args.presets = args.presets.split(",") if args.presets else list(known)
+  args.presets = args.presets.split(",") if args.presets else \
+      list(TOY_PRESETS if args.toy else DEFAULT_PRESETS)
   unknown = [p for p in args.presets + ([args.step_only] if args.step_only else [])
              if p not in known]
   if unknown:

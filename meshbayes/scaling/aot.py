@@ -11,6 +11,7 @@ collectives in the compiled program (``meshbayes.scaling.hlo``).
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import gc
 import math
@@ -122,6 +123,25 @@ class StepSpec:
     return {name: (self.batch_size, lengths.get(name, self.target_length)) for name in FEATURES}
 
 
+def parse_overrides(text: str) -> tuple[tuple[str, Any], ...]:
+  """``StepSpec.overrides`` from ``name=value,...`` (values as Python literals, else strings).
+
+  >>> parse_overrides("scan_layers=False,dtype=bfloat16,attention_dropout_rate=0.0")
+  (('scan_layers', False), ('dtype', 'bfloat16'), ('attention_dropout_rate', 0.0))
+  """
+  pairs = []
+  for item in (part.strip() for part in text.split(",") if part.strip()):
+    name, sep, value = item.partition("=")
+    if not sep or not name.strip():
+      raise ValueError(f"override {item!r} is not name=value")
+    try:
+      parsed = ast.literal_eval(value.strip())
+    except (ValueError, SyntaxError):
+      parsed = value.strip()
+    pairs.append((name.strip(), parsed))
+  return tuple(pairs)
+
+
 def build_steps(spec: StepSpec) -> tuple[EncoderDecoderModel, StepFunctions]:
   """The model and the trainer's step functions for ``spec``, built as ``meshbayes.train`` does."""
   model = EncoderDecoderModel(spec.config(), num_train_units=spec.num_train_units)
@@ -206,11 +226,18 @@ class PreparedStep:
           self.placed, self.batch)
 
 
+# cuDNN's fused attention as traced: the matmuls the same attention written out would do
+# (two forward; four backward, the gradients of both products' operands; no recompute).
+_ATTENTION_MATMULS = {"dot_product_attention_fwd_wrapper": 2,
+                      "dot_product_attention_bwd_wrapper": 4}
+
+
 def jaxpr_matmul_flops(jaxpr: Any) -> float:
   """2 x multiply-adds of every ``dot_general`` in a jaxpr, scans counted per iteration.
 
   The model's FLOPs before partitioning, from the program as traced: divided
   by the device count it is what a perfectly split step does per device.
+  cuDNN's fused attention counts as the attention it replaces.
   """
   total = 0.0
   for eqn in jaxpr.eqns:
@@ -218,6 +245,11 @@ def jaxpr_matmul_flops(jaxpr: Any) -> float:
       (contracting, _), _ = eqn.params["dimension_numbers"]
       lhs = eqn.invars[0].aval.shape
       total += 2.0 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[d] for d in contracting)
+    elif eqn.primitive.name in _ATTENTION_MATMULS:  # query, key: (batch, length, heads, width)
+      (batch, queries, heads, width), keys = (eqn.invars[0].aval.shape,
+                                               eqn.invars[1].aval.shape[1])
+      total += (2.0 * _ATTENTION_MATMULS[eqn.primitive.name]
+                * batch * heads * queries * keys * width)
     repeats = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1
     for param in eqn.params.values():
       for sub in param if isinstance(param, (list, tuple)) else (param,):

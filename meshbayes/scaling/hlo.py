@@ -6,9 +6,11 @@ FLOPs come out several times too small. Here every computation is weighted by
 how often it runs (the product of the trip counts of the loops around it), so
 
 - ``matmul_flops``: 2 FLOPs per multiply-add of every ``dot`` and
-  ``convolution`` (TPUs lower matmuls to convolutions) and of every cuBLAS
+  ``convolution`` (TPUs lower matmuls to convolutions), of every cuBLAS
   GEMM custom call (GPUs; their Triton GEMMs are ``dot``s inside fusion
-  computations, counted where they are called), per device per step;
+  computations, counted where they are called) and of cuDNN's fused attention
+  (its two matmuls forward, five backward: the scores are recomputed), per
+  device per step;
 - ``flops``: those plus every other operation, as XLA's cost analysis counts
   them (one per output element of arithmetic, one per input element of a
   reduction; ``transcendentals`` apart);
@@ -50,6 +52,10 @@ _TRIP_COUNT = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)')
 # GPU matmuls that XLA hands to cuBLAS (and cuBLASLt) are custom calls, not ``dot``s.
 _GEMM_TARGET = re.compile(r'custom_call_target="__cublas\$(?:lt\$matmul|gemm)(?:\$f8)?"')
 _GEMM_DIMS = re.compile(r'"dot_dimension_numbers"\s*:\s*\{([^}]*)\}')
+# cuDNN's fused attention: its scores' shape (batch, heads, queries, keys) is in the backend
+# config; the head width is the queries' last dimension.
+_FMHA_TARGET = re.compile(r'custom_call_target="__cudnn\$fmha([A-Za-z]*)"')
+_FMHA_SCORES = re.compile(r'"intermediate_tensor_shape"\s*:\s*\{[^{}]*?"dimensions"\s*:\s*\[([^\]]*)\]')
 # What XLA's cost analysis counts as one flop (or transcendental) per output element.
 _ARITHMETIC = frozenset((
     "add", "subtract", "multiply", "divide", "remainder", "maximum", "minimum", "power",
@@ -222,6 +228,37 @@ def _gemm_dims(attributes: str, name: str) -> tuple[int, ...]:
 
 def is_gemm_custom_call(instruction: Instruction) -> bool:
   return instruction.opcode == "custom-call" and bool(_GEMM_TARGET.search(instruction.attributes))
+
+
+def is_attention_custom_call(instruction: Instruction) -> bool:
+  """cuDNN's fused attention (``__cudnn$fmha...``), forward or backward."""
+  return instruction.opcode == "custom-call" and bool(_FMHA_TARGET.search(instruction.attributes))
+
+
+def is_matmul_custom_call(instruction: Instruction) -> bool:
+  """A library call that multiplies matrices: a cuBLAS GEMM or cuDNN's fused attention."""
+  return is_gemm_custom_call(instruction) or is_attention_custom_call(instruction)
+
+
+def _attention_flops(instruction: Instruction, shapes: dict[str, tuple[Shape, ...]]) -> float:
+  """2 x batch x heads x queries x keys x head width per matmul of a cuDNN fused attention:
+  two forward (scores, then weights times values), five backward (the scores again and
+  the gradients of both products' operands)."""
+  scores = _FMHA_SCORES.search(instruction.attributes)
+  query = shapes.get(instruction.operands[0]) if instruction.operands else None
+  if not scores or not query:
+    return 0.0
+  dims = [int(v.strip().strip('"')) for v in scores.group(1).split(",") if v.strip()]
+  matmuls = 5 if _FMHA_TARGET.search(instruction.attributes).group(1).endswith("Backward") else 2
+  return 2.0 * matmuls * math.prod(dims) * query[0].dims[-1]
+
+
+def custom_call_matmul_flops(instruction: Instruction,
+                             shapes: dict[str, tuple[Shape, ...]]) -> float:
+  """The matmul FLOPs of a cuBLAS GEMM or a cuDNN fused attention call."""
+  if is_attention_custom_call(instruction):
+    return _attention_flops(instruction, shapes)
+  return _gemm_flops(instruction, shapes)
 
 
 def _gemm_flops(instruction: Instruction, shapes: dict[str, tuple[Shape, ...]]) -> float:
@@ -413,8 +450,8 @@ def analyze(text: str) -> HloSummary:
     for instruction in instructions:
       if instruction.opcode in ("dot", "convolution"):
         cost[0] += _matmul_flops(instruction, shapes)
-      elif is_gemm_custom_call(instruction):
-        cost[0] += _gemm_flops(instruction, shapes)
+      elif is_matmul_custom_call(instruction):
+        cost[0] += custom_call_matmul_flops(instruction, shapes)
       else:
         flops, transcendentals = _elementwise_flops(instruction, shapes)
         cost[1] += flops

@@ -322,9 +322,11 @@ def program_profile(hlo_text: str, mesh_shape: Mapping[str, int],
         called = [c for role, c in hlo.called_computations(instruction) if role == "calls"]
         matmul = any(fusions.has_matmul(c) for c in called)
         work = "matmul" if matmul else fusions.work_kind(instruction)
-      elif hlo.is_gemm_custom_call(instruction):
-        # A cuBLAS GEMM: its operands read, its output written (not its scratch workspace).
-        moved = (shapes_bytes(hlo.flat_shapes(instruction)[:1])
+      elif hlo.is_matmul_custom_call(instruction):
+        # A cuBLAS GEMM or cuDNN attention: its operands read, its outputs written (not its
+        # scratch workspace, the last element of the result).
+        results = hlo.flat_shapes(instruction)
+        moved = (shapes_bytes(results[:-1] if len(results) > 1 else results)
                  + sum(shapes_bytes(s) for s in operands))
         matmul, work = True, "matmul"
       elif opcode in _SLICING:

@@ -74,7 +74,7 @@ def avoidable_work(hlo_text: str, sequence_lengths: Iterable[int]) -> dict[str, 
       operands = [shapes.get(o, ()) for o in instruction.operands]
       is_fusion = opcode in hlo_profile.FUSION_OPCODES
       body = _body_opcodes(computations, instruction) if is_fusion else {opcode}
-      if hlo.is_gemm_custom_call(instruction) or body & {"dot", "convolution"}:
+      if hlo.is_matmul_custom_call(instruction) or body & {"dot", "convolution"}:
         continue
       arrays = [s for group in operands for s in group] + list(hlo.flat_shapes(instruction))
       if _holds_scores(arrays, lengths):

@@ -130,6 +130,17 @@ _float32_logits_attention = functools.partial(
     attn_weights_value_einsum=_weighted_values)
 
 
+def _cudnn_attention(query: Array, key: Array, value: Array, bias: Array | None = None,
+                     mask: Array | None = None, dtype=None) -> Array:
+  """cuDNN's fused attention: logits and softmax in float32 on chip, the scores never
+  written out (NVIDIA GPUs; ``TransformerConfig.attention_kernel='cudnn'``)."""
+  dtype = dtype or query.dtype
+  query, key, value = (x.astype(dtype) for x in (query, key, value))
+  return jax.nn.dot_product_attention(
+      query, key, value, bias=None if bias is None else bias.astype(dtype), mask=mask,
+      implementation="cudnn")
+
+
 class MultiHeadAttention(nn.Module):
   """Multi-head dot-product attention with Bayesian projections: the public layer, configured.
 
@@ -167,7 +178,9 @@ class MultiHeadAttention(nn.Module):
                       else cfg.attention_dropout_rate) if self.enable_dropout else 0.0,
         broadcast_dropout=False,
         deterministic=self.deterministic, decode=self.decode,
-        attention_fn=_float32_logits_attention, force_fp32_for_softmax=True,
+        # The decode cache's one-position queries always take XLA's attention.
+        attention_fn=(_cudnn_attention if cfg.attention_kernel == "cudnn" and not self.decode
+                      else _float32_logits_attention), force_fp32_for_softmax=True,
         activation_axes=("batch", "length", "heads", "kv"),
         kernel_stddev_init=fan_in_stddev(cfg.posterior_stddev_ratio),
         prior=weight_prior(cfg),

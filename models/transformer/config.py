@@ -9,6 +9,7 @@ from meshbayes.layers import ESTIMATORS
 ACTIVATIONS = ("relu", "gelu", "silu", "linear")
 REMAT_POLICIES = ("none", "full", "minimal")
 DTYPES = ("float32", "bfloat16")
+ATTENTION_KERNELS = ("xla", "cudnn")
 SEQUENCE_SAMPLED = ("attention", "cross_attention", "mlp")
 PRIORS = ("normal", "fan_in", "empirical_bayes")
 
@@ -74,6 +75,11 @@ class TransformerConfig:
       sentence's positions), on the feed-forward hidden units, and on attention
       weights.
     attention_dropout_rate: dropout on attention weights (None: ``dropout_rate``).
+    attention_kernel: how the attention weights are computed: ``xla`` (the scores
+      written out, logits and softmax in float32; every platform) or ``cudnn``
+      (cuDNN's fused attention, the scores kept on chip: NVIDIA GPUs or a GPU
+      target only, and no attention dropout, since JAX's cuDNN path fixes the
+      dropout seed when the step is compiled). Parameters are the same for both.
     logits_via_embedding: tie the output projection to the token embedding.
     relpos_num_buckets: relative position buckets.
     relpos_max_distance: distance beyond which positions share a bucket.
@@ -109,6 +115,7 @@ class TransformerConfig:
   mlp_activations: tuple[str, ...] = ("gelu", "linear")
   dropout_rate: float = 0.1
   attention_dropout_rate: float | None = None
+  attention_kernel: str = "xla"
   logits_via_embedding: bool = False
   relpos_num_buckets: int = 32
   relpos_max_distance: int = 128
@@ -141,6 +148,15 @@ class TransformerConfig:
       value = getattr(self, name)
       if value is not None and not 0.0 <= value < 1.0:
         raise ValueError(f"TransformerConfig: {name}={value!r} must be in [0, 1)")
+    if self.attention_kernel not in ATTENTION_KERNELS:
+      raise ValueError(f"TransformerConfig: attention_kernel={self.attention_kernel!r} must be "
+                       f"one of {ATTENTION_KERNELS}")
+    if self.attention_kernel == "cudnn" and self.attention_weight_dropout > 0:
+      raise ValueError(f"TransformerConfig: attention_kernel='cudnn' takes no attention dropout "
+                       f"(attention_dropout_rate={self.attention_weight_dropout}): JAX's cuDNN "
+                       "attention fixes its dropout seed at compile time, so every step would "
+                       "drop the same weights; set attention_dropout_rate=0.0 (a change to what "
+                       "is trained) or attention_kernel='xla'")
     if not self.mlp_activations or any(a not in ACTIVATIONS for a in self.mlp_activations):
       raise ValueError(f"TransformerConfig: mlp_activations={self.mlp_activations!r} must be a "
                        f"non-empty tuple of {', '.join(ACTIVATIONS)}")
@@ -156,6 +172,12 @@ class TransformerConfig:
         raise ValueError(f"TransformerConfig: {name}={getattr(self, name)!r} must be positive")
     if not isinstance(self.estimators, Estimators):
       raise ValueError(f"TransformerConfig: estimators={self.estimators!r} must be an Estimators")
+
+  @property
+  def attention_weight_dropout(self) -> float:
+    """The dropout rate of the attention weights."""
+    return self.dropout_rate if self.attention_dropout_rate is None else \
+        self.attention_dropout_rate
 
   def replace(self, **changes) -> TransformerConfig:
     return dataclasses.replace(self, **changes)

@@ -10,8 +10,10 @@ import subprocess
 
 import jax
 import pytest
+from jax.experimental.compilation_cache import compilation_cache
 
 from meshbayes.scaling import aot, hlo_profile, roofline, targets
+from meshbayes.scaling.kernels import avoidable_work
 from meshbayes.scaling.measured_steps import H200_STEPS, MEASURED_COMMIT
 from meshbayes.tools import gpu_model_check, scaling_study
 
@@ -26,8 +28,10 @@ def _no_persistent_cache():
   """Deviceless executables cannot be read back from JAX's persistent cache (it needs a client)."""
   enabled = jax.config.jax_enable_compilation_cache
   jax.config.update("jax_enable_compilation_cache", False)
+  compilation_cache.reset_cache()  # its use is decided once, then remembered
   yield
   jax.config.update("jax_enable_compilation_cache", enabled)
+  compilation_cache.reset_cache()
 
 
 # XLA's memory analysis of the train step (AdamW, bf16, one device, data_only), GB:
@@ -120,3 +124,26 @@ def test_bench_and_step_profile_report_the_frozen_model_for_a_gpu_target():
   by_kind = profile["bayesian"]["by_kind"]
   assert sum(k["seconds"] for k in by_kind.values()) == pytest.approx(
       profile["bayesian"]["step"]["step_seconds"])
+
+
+def test_cudnn_attention_compiles_and_counts_as_the_attention_it_replaces():
+  target = targets.parse_target("h200:1")
+  spec = _spec("tiny", 4, "none", False).replace(input_length=32, target_length=32)
+  kernels = {}
+  for kernel in ("xla", "cudnn"):
+    prepared = aot.prepare_step(spec.with_overrides(
+        attention_kernel=kernel, attention_dropout_rate=0.0, num_heads=4, head_dim=64), target)
+    text = prepared.lower().compile(compiler_options=target.compiler_options).as_text()
+    kernels[kernel] = (prepared.traced_matmul_flops(), hlo_profile.program_record(
+        text, "h200", batch_size=4, input_length=32, target_length=32), text)
+  (traced_xla, xla, xla_text), (traced_cudnn, cudnn, text) = kernels["xla"], kernels["cudnn"]
+  assert "__cudnn$fmhaScaleBiasSoftmaxBackward" in text
+  assert traced_cudnn == traced_xla  # the model's FLOPs, whichever kernel
+  # The compiled step recomputes the scores in each attention's backward: one matmul more.
+  layers, attentions_per_layer = 2, 3  # tiny: self, decoder self and cross attention
+  per_matmul = 2 * 4 * 4 * 32 * 32 * 64
+  recompute = per_matmul * attentions_per_layer * layers
+  assert cudnn["flops_per_device"] == pytest.approx(xla["flops_per_device"] + recompute)
+  # What stays of the scores outside the fused kernel: the mask folded into the bias.
+  scores = lambda t: avoidable_work(t, [32])["attention_scores"]["bytes"]
+  assert scores(text) < scores(xla_text) / 2

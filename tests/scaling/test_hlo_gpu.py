@@ -83,3 +83,38 @@ def test_h200_programs_matmul_flops_match_the_traced_count(h200_summaries, name)
   summary = h200_summaries[name]
   assert summary.unknown_trip_counts == 0
   assert summary.matmul_flops == pytest.approx(TRACED[name], rel=0.03)
+
+
+# cuDNN's fused attention, forward and backward, as XLA writes it on an H200 (backend
+# configs cut to what the reader uses): batch 4, 4 heads, 32 queries and keys, width 64.
+_SCORES = ('"cudnn_fmha_backend_config":{"intermediate_tensor_shape":{"element_type":"BF16",'
+           '"dimensions":["4","4","32","32"],"tuple_shapes":[]},"is_flash_attention":true}')
+FUSED_ATTENTION = f"""HloModule fmha
+
+ENTRY %main (q: bf16[4,32,4,64], k: bf16[4,32,4,64], v: bf16[4,32,4,64], b: bf16[4,4,32,32], d: bf16[4,32,4,64]) -> bf16[4,4,32,64] {{
+  %q = bf16[4,32,4,64]{{3,2,1,0}} parameter(0)
+  %k = bf16[4,32,4,64]{{3,2,1,0}} parameter(1)
+  %v = bf16[4,32,4,64]{{3,2,1,0}} parameter(2)
+  %b = bf16[4,4,32,32]{{3,2,1,0}} parameter(3)
+  %d = bf16[4,32,4,64]{{3,2,1,0}} parameter(4)
+  %fwd = (bf16[4,4,32,64]{{3,1,2,0}}, f32[4,4,32]{{2,1,0}}, u8[0]{{0}}) custom-call(%q, %k, %v, %b), custom_call_target="__cudnn$fmhaScaleBiasSoftmax", backend_config={{{_SCORES}}}
+  %o = bf16[4,4,32,64]{{3,1,2,0}} get-tuple-element(%fwd), index=0
+  %stats = f32[4,4,32]{{2,1,0}} get-tuple-element(%fwd), index=1
+  %bwd = (bf16[4,4,32,64]{{3,1,2,0}}, bf16[4,4,32,64]{{3,1,2,0}}, bf16[4,4,32,64]{{3,1,2,0}}, bf16[4,4,32,32]{{3,2,1,0}}, u8[0]{{0}}) custom-call(%q, %k, %v, %stats, %d, %b, %o), custom_call_target="__cudnn$fmhaScaleBiasSoftmaxBackward", backend_config={{{_SCORES}}}
+  ROOT %dq = bf16[4,4,32,64]{{3,1,2,0}} get-tuple-element(%bwd), index=0
+}}
+"""
+
+
+def test_fused_attention_counts_its_matmuls_and_moves_no_scores_of_its_own():
+  from meshbayes.scaling import hlo_profile, kernels
+  per_matmul = 2 * 4 * 4 * 32 * 32 * 64
+  assert hlo.analyze(FUSED_ATTENTION).matmul_flops == pytest.approx((2 + 5) * per_matmul)
+  ops = hlo_profile.program_profile(FUSED_ATTENTION, {"data": 1})["operations_per_device"]
+  # Two kernels, both matmuls: their operands read and their outputs written, the empty
+  # scratch buffer left out.
+  qkv, bias, stats = 4 * 32 * 4 * 64 * 2, 4 * 4 * 32 * 32 * 2, 4 * 4 * 32 * 4
+  forward = 3 * qkv + bias + qkv + stats
+  backward = 3 * qkv + stats + qkv + bias + qkv + 3 * qkv + bias
+  assert ops["matmul"] == {"executed": 2, "bytes": forward + backward}
+  assert kernels.avoidable_work(FUSED_ATTENTION, [32])["attention_scores"]["executed"] == 0
