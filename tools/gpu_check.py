@@ -13,7 +13,9 @@ Writes one JSON (``--out``) with four parts, each with its ``seconds``:
   memory in use, and beside each measured step the frozen step-time model's
   prediction from the program that ran (``roofline.FROZEN_GPU_MODEL``:
   seconds, MFU, the measured step's error against it). A step that fails (out
-  of memory) records its ``error`` and the check goes on.
+  of memory) records its ``error`` and the check goes on. ``--presets=base_gpu,
+  paper_gpu`` times the step's shape chosen for GPUs instead (layers unrolled,
+  64 and 16 sequences; their compiles take minutes), ``--kinds`` one kind only.
 - ``train``: ``python -m meshbayes.train`` of
   ``gin_configs/examples/tiny_synthetic_bayesian.gin`` to step 25 (checkpoint),
   then again to 50 (a resume from that checkpoint); the checkpoint steps after each.
