@@ -215,13 +215,14 @@ def summary(steps: dict[str, dict[str, Any]]) -> str:
       mfu = report.get("mfu")
       fmt = lambda value, spec: "-" if value is None else format(value, spec)
       error = report.get("errors", {}).get(kind)
+      peak = (report.get("peak_bytes_in_use") or {}).get(kind)  # None on CPUs
       lines.append(
           f"| {name} | {kind} | {fmt(seconds, '.4f') if not error else 'error'} "
           f"| {fmt(predicted.get('seconds'), '.4f')} "
           f"| {fmt(predicted.get('measured_error'), '+.1%')} "
           f"| {fmt(mfu.get(kind) if isinstance(mfu, dict) else None, '.1%')} "
           f"| {fmt(predicted.get('mfu'), '.1%')} "
-          f"| {fmt((report.get('peak_bytes_in_use') or {}).get(kind, 0) / 2**30 or None, '.1f')} |")
+          f"| {fmt(peak / 2**30 if peak else None, '.1f')} |")
   return "\n".join(lines) + "\n"
 
 

@@ -55,6 +55,8 @@ def test_a_preset_run_kind_by_kind_is_merged_into_one_report():
   table = gpu_check.summary({"paper_no_remat": merged})
   assert "| paper_no_remat | deterministic | 0.1000 | 0.1100 | -9.0% | 20.0% | - | 5.0 |" in table
   assert "| paper_no_remat | bayesian | 0.2500 | 0.2000 | +25.0% | 16.0% | - | 9.0 |" in table
+  on_cpu = gpu_check.summary({"tiny": {**det, "peak_bytes_in_use": {"deterministic": None}}})
+  assert "| tiny | deterministic | 0.1000 | 0.1100 | -9.0% | 20.0% | - | - |" in on_cpu
 
 
 @pytest.mark.slow  # about 7 minutes on two busy cores (compiles), a minute on a free CPU
