@@ -31,14 +31,16 @@ data: $(STAMP)
 # (gin_configs/uncertainty/): the deterministic Transformer (as it is and
 # temperature-scaled), MC dropout and Bayesian layers trained and evaluated on test
 # pairs (BLEU, calibration, OOD), and the table side by side (a clean run each time).
-# `make demo DEMO_METHODS=deterministic,mc_dropout,ensemble,bayesian,ivon` adds the others.
+# `make demo DEMO_METHODS=deterministic,mc_dropout,ensemble,bayesian,ivon,laplace` adds the
+# others (meshbayes.predictive_methods lists them).
 DEMO_DIR := runs/demo
 DEMO_METHODS ?= deterministic,mc_dropout,bayesian
 # `make experiment`: every method, each at the end of the budget and at its best validation
 # checkpoint, with intervals, paired differences, the seed spread, the training curves and
 # posterior diagnostics (docs/uncertainty.md): ten training runs (3 seeds of the Bayesian
 # layers and of IVON, 4 deterministic), two at a time, and twelve evaluations: 138
-# minutes on 2 cores (measured from a fresh clone, install and data included).
+# minutes on 2 cores (measured from a fresh clone, install and data included, before the
+# last-layer Laplace method added two evaluations and its fits).
 # `python -m meshbayes.tools.experiment --preset=cpu --out=runs/experiment` resumes an
 # interrupted one; the tuning grids that chose each method's settings are separate
 # commands (docs/uncertainty.md).

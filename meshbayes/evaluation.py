@@ -27,14 +27,14 @@ import numpy as np
 from etils import epath
 from jax.sharding import NamedSharding
 
-from meshbayes import eval_phases, evaluation_items, metrics, predictive_eval
+from meshbayes import eval_phases, evaluation_items, metrics, predictive_eval, predictive_methods
 from meshbayes.data import paths
-from meshbayes.metrics import bootstrap
+from meshbayes.metrics import bootstrap, measures
 from meshbayes.data.pipeline import TaskData, get_task
 from meshbayes.field_checks import positive_int
 from meshbayes.inference import (as_trained, encode_lines, in_batches, read_lines,
                                  restore_params)
-from meshbayes.layers import Ensemble, MCDropout, holds_posterior
+from meshbayes.layers import as_posterior, holds_posterior
 from meshbayes.metrics_writer import MetricsWriter, progress
 from meshbayes.models.base import BaseModel
 from meshbayes.partitioning import Partitioner
@@ -60,31 +60,6 @@ def teacher_forced_metrics(eval_fn, params: Any, batches: Iterable[dict[str, np.
       num_tokens += tokens
   return {name: total / max(num_tokens, 1.0) for name, total in totals.items()
           if name != "num_tokens"} | {"num_tokens": num_tokens}
-
-
-def _mc_dropout(model: BaseModel, params: Any, num_samples: int) -> tuple[BaseModel, MCDropout]:
-  """The model with attention-weight dropout off and its parameters as ``MCDropout``."""
-  config = getattr(model, "config", None)
-  if model.is_bayesian or holds_posterior(params) or num_samples < 1 or not getattr(
-      config, "dropout_rate", 0) > 0:
-    raise ValueError("evaluate: mc_dropout=True needs a deterministic run with dropout_rate > 0 "
-                     f"and num_samples > 0 (num_samples={num_samples})")
-  return (dataclasses.replace(model, config=config.replace(attention_dropout_rate=0.0)),
-          MCDropout(params))
-
-
-def _ensemble(params: Any, model_dir: str, ensemble_dirs: Sequence[str], model: BaseModel,
-              data: TaskData, partitioner: Partitioner, num_samples: int) -> Ensemble:
-  """``params`` and the latest parameters of ``ensemble_dirs`` as one ``Ensemble``."""
-  if num_samples < 1:
-    raise ValueError(f"evaluate: ensemble_dirs needs num_samples > 0 (the ensemble is "
-                     f"averaged over all its members), not num_samples={num_samples}")
-  members = [params] + [restore_params(d, model, data, partitioner)[0] for d in ensemble_dirs]
-  for directory, member in zip([model_dir, *ensemble_dirs], members):
-    if holds_posterior(member) or model.is_bayesian:
-      raise ValueError(f"evaluate: ensemble member {directory} is not a deterministic model's "
-                       "run; deep ensembles here are of deterministic models")
-  return Ensemble.stack(members)
 
 
 def _text(ids: Iterable[int], vocabulary: Any) -> str:
@@ -173,8 +148,8 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
              ood_files: Mapping[str, str] | None = None, ood_shuffled_words: bool = False,
              ood_targets_as_inputs: bool = False,
              max_ood_examples: int = 1000, temperature_scaling: bool = False,
-             temperature_split: str = "validation", ensemble_dirs: Sequence[str] = (),
-             sample_agreement: bool = False, mc_dropout: bool = False,
+             temperature_split: str = "validation", method: str | None = None,
+             ensemble_dirs: Sequence[str] = (), sample_agreement: bool = False,
              seed: int = 0, output_dir: str | None = None,
              bootstrap_resamples: int = bootstrap.DEFAULT_RESAMPLES
              ) -> dict[str, Any]:
@@ -228,16 +203,18 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
       to the scores of the unscaled predictive's outputs (it translates the
       same); reported as ``<predictive>_temperature_scaled``.
     temperature_split: the split the temperature is fitted on.
+    method: the predictive method (``meshbayes.predictive_methods``; default: the
+      run as trained, or ``ensemble`` with ``ensemble_dirs``). ``mc_dropout``
+      evaluates a deterministic model's model average over ``num_samples``
+      dropout masks (its training ``dropout_rate``, each mask shared by a
+      sentence's positions, so the same masks decode and score; attention-weight
+      dropout off, as its masks could not be), and its plain self as the
+      posterior mean.
     ensemble_dirs: more runs of the same model (other seeds): with them, the
       latest checkpoints of ``model_dir`` and these are evaluated as one deep
       ensemble, a uniform mixture through the model-averaging path (its
       ``model_average`` over all members; ``num_samples`` must be > 0); the
       results go to ``model_dir``.
-    mc_dropout: evaluate a deterministic model with Monte Carlo dropout: its
-      model average over ``num_samples`` dropout masks (its training
-      ``dropout_rate``, each mask shared by a sentence's positions, so the same
-      masks decode and score; attention-weight dropout off, as its masks could
-      not be), and its plain self as the posterior mean.
     sample_agreement: also decode with each of the model average's samples alone
       and report ``bleu_disagreement`` (100 minus their mean pairwise sentence
       BLEU) among the uncertainty measures, OOD report included (``S`` more
@@ -257,20 +234,28 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
   partitioner = partitioner or Partitioner()
   params, step = restore_params(model_dir, model, data, partitioner, checkpoint_step)
   model = as_trained(model, data, model_dir, checkpoint_step)  # the KL divisor D is the run's
-  if mc_dropout:
-    model, params = _mc_dropout(model, params, num_samples)
-  if ensemble_dirs:
-    params = _ensemble(params, model_dir, ensemble_dirs, model, data, partitioner, num_samples)
+  method = method or ("ensemble" if ensemble_dirs else None)
+  if method is not None:
+    if ensemble_dirs and not predictive_methods.get(method).combines_runs:
+      raise ValueError(f"evaluate: ensemble_dirs are given but method={method!r} predicts "
+                       "with one run; drop them or use method='ensemble'")
+    trained = model
+    model, params = predictive_methods.get(method).build(
+        model, params, predictive_methods.MethodInputs(
+            str(model_dir), num_samples, tuple(ensemble_dirs),
+            restore=lambda d: restore_params(d, trained, data, partitioner)[0],
+            context=predictive_methods.EvalContext(data, partitioner, seed)))
   split = split or data.eval_split
   rng = jax.random.key(seed)
   variants = predictive_eval.predictives(model.is_bayesian or holds_posterior(params),
                                          num_samples)
-  if isinstance(params, Ensemble):
-    variants = [predictive_eval.Predictive("model_average", params.size)]
+  posterior = as_posterior(params)
+  if not posterior.has_mean:  # a finite mixture: its members' average only
+    variants = [predictive_eval.Predictive("model_average", posterior.num_members(num_samples))]
   ood_names = [*(ood_files or {}), *["targets_as_inputs"] * ood_targets_as_inputs,
                *["shuffled_words"] * ood_shuffled_words]  # _ood_scores' order
   phases = eval_phases.EvalPhases(_phases(
-      data, split, variants, teacher_forced=not isinstance(params, Ensemble),
+      data, split, variants, teacher_forced=posterior.has_mean,
       num_samples=num_samples, temperature_split=temperature_split if temperature_scaling
       else None, decode=decode, beam=decode_method == "beam" and beam_size,
       sample_agreement=sample_agreement, ood_names=ood_names,
@@ -283,8 +268,9 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
   phases.split_batches = len(batches)
   result: dict[str, Any] = {"step": step, "task": data.task, "split": split,
                             "num_samples": num_samples}
-  if isinstance(params, Ensemble):  # no posterior mean: its members' average only
-    result.update(num_samples=params.size, ensemble=[str(model_dir), *ensemble_dirs])
+  if not posterior.has_mean:
+    result.update(num_samples=posterior.num_members(num_samples),
+                  ensemble=[str(model_dir), *ensemble_dirs])
   else:
     result.update(teacher_forced_metrics(eval_fn, params, phases.track(
         batches, "teacher-forced pass"), partitioner, jax.random.fold_in(rng, 1)))
@@ -343,7 +329,7 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
       result["decoding"][variant.name] = {
           "bleu_signature": metrics.corpus_bleu(items.predictions, items.references).signature,
           **{name: interval.estimate for name, interval in figures.items()
-             if not name.startswith("token_")}}
+             if measures.get(name).level != measures.TOKEN}}
       reliability[variant.name]["sequence"] = metrics.equal_mass_reliability(
           np.clip(np.exp(items.log_probs), 0.0, 1.0), items.exact_match, num_bins)
     if jax.process_index() == 0:
@@ -471,7 +457,7 @@ def _ood_scores(model: BaseModel, params: Any, data: TaskData, sources: Sources,
     return None
   length = data.feature_lengths["inputs"]
 
-  def measures(lines: Sequence[str], name: str) -> dict[str, np.ndarray]:
+  def scores(lines: Sequence[str], name: str) -> dict[str, np.ndarray]:
     records = predictive_eval.decode_and_score(
         model, params, phases.track(in_batches(encode_lines(lines, input_vocabulary, length,
                                                             source=name), data.batch_size),
@@ -481,5 +467,5 @@ def _ood_scores(model: BaseModel, params: Any, data: TaskData, sources: Sources,
         eos_id=data.vocabulary.eos_id, method="greedy")
     return {m: np.array([r.measures[m] for r in records]) for m in records[0].measures}
 
-  return evaluation_items.OodScores(measures(in_domain, data.task), {
-      name: measures(lines, name) for name, lines in ood_inputs.items()})
+  return evaluation_items.OodScores(scores(in_domain, data.task), {
+      name: scores(lines, name) for name, lines in ood_inputs.items()})

@@ -15,6 +15,9 @@ itself), and ``measure_chosen_on_half``: a measure picked on one half of the
 inputs and reported on the other, so that no figure is selected on the data it
 is reported on.
 
+What each figure and measure name means, and which way it improves, is in the
+registry ``meshbayes.metrics.measures``.
+
 An evaluation writes ``predictions_<predictive>.jsonl`` (one line per source:
 its text, references, output and scores), ``token_statistics_<predictive>.npz``
 and ``ood_scores.npz``; ``read_items`` and ``read_ood_scores`` load them again.
@@ -33,19 +36,16 @@ from etils import epath
 
 from meshbayes import metrics
 from meshbayes.metrics import bootstrap, rejection, sequence_calibration
+from meshbayes.metrics import measures as registry
 from meshbayes.metrics.bleu import bleu_from_statistics, bleu_statistics
 
 # The length-normalized negative log-probability of an output as decoded (the error
 # detection measure every predictive has).
 NEGATIVE_LOG_PROBABILITY = "negative_log_probability"
 # Error detection measures, in the order reports show them (those an item set has).
-ERROR_MEASURES = (NEGATIVE_LOG_PROBABILITY, "sequence_total_uncertainty", "total_uncertainty",
-                  "mutual_information", "reverse_mutual_information",
-                  "sequence_reverse_mutual_information", "bleu_disagreement")
-# Figures where lower is better (the rest: higher is better, or neither: see DIRECTIONLESS).
-LOWER_IS_BETTER = ("token_ece", "token_weighted_ece", "token_nll", "token_brier", "sequence_ece",
-                   "equal_mass_ece", "abs_probability_gap")
-DIRECTIONLESS = ("mean_probability", "probability_gap", "num_items")
+ERROR_MEASURES = registry.ERROR_DETECTION_MEASURES
+# The token-level figures, each token_<key of metrics.token_calibration_metrics>.
+_TOKEN_FIGURES = registry.names(kind=registry.FIGURE, level=registry.TOKEN)
 OOD_SPLIT_SEED = 1
 
 
@@ -120,9 +120,7 @@ class SourceItems:
 def token_figures(statistics: Mapping[str, np.ndarray]) -> dict[str, float]:
   """Token-level figures from per-item statistics (summed here)."""
   token = metrics.token_calibration_metrics({k: np.sum(v, axis=0) for k, v in statistics.items()})
-  return {"token_ece": token["ece"], "token_weighted_ece": token["weighted_ece"],
-          "token_nll": token["nll"], "token_brier": token["brier"],
-          "token_accuracy": token["accuracy"]}
+  return {name: token[name.removeprefix("token_")] for name in _TOKEN_FIGURES}
 
 
 def figures(items: SourceItems, index: np.ndarray | None = None,
@@ -151,7 +149,8 @@ def figures(items: SourceItems, index: np.ndarray | None = None,
   result.update(bleu=bleu_from_statistics(items.bleu_statistics[index].sum(0)),
                 mean_sentence_bleu=float(items.sentence_bleu[index].mean()), **calibration)
   for name, values in items.error_measures.items():
-    result[f"prr_{name}"] = rejection.prediction_rejection_ratio(error, values[index])
+    result[registry.family_name(registry.PRR, name)] = rejection.prediction_rejection_ratio(
+        error, values[index])
   return result
 
 
@@ -181,13 +180,6 @@ def paired_differences(items: SourceItems, baseline: SourceItems,
                                     [len(items)], num_resamples, seed)
 
 
-def higher_is_better(figure: str) -> bool | None:
-  """Which way ``figure`` improves (None: neither, e.g. the mean probability)."""
-  if figure in DIRECTIONLESS:
-    return None
-  return figure not in LOWER_IS_BETTER and not figure.startswith("fpr95_")
-
-
 # --------------------------------------------------------------------------- OOD
 
 
@@ -214,8 +206,8 @@ def ood_figures(in_domain: Mapping[str, np.ndarray], out_of_domain: Mapping[str,
   result = {}
   for name in measures:
     inside, outside = np.asarray(in_domain[name]), np.asarray(out_of_domain[name])
-    result[f"auroc_{name}"] = metrics.auroc(inside, outside)
-    result[f"fpr95_{name}"] = metrics.fpr_at_tpr(inside, outside, 0.95)
+    result[registry.family_name(registry.AUROC, name)] = metrics.auroc(inside, outside)
+    result[registry.family_name(registry.FPR95, name)] = metrics.fpr_at_tpr(inside, outside, 0.95)
   return result
 
 

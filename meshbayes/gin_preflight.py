@@ -54,6 +54,10 @@ MOVED_TRAIN_PARAMETERS = {
     "input_shards": ("run_configs.InputConfig", "shards"),
     "num_microbatches": ("run_configs.InputConfig", "num_microbatches"),
 }
+# evaluate's mode flags that became a predictive method (meshbayes.predictive_methods):
+# old parameter -> the method that replaces it.
+REPLACED_EVALUATE_FLAGS = {"mc_dropout": "mc_dropout"}
+_EVALUATE_ENTRY_POINT = "evaluate"
 
 
 # Finding gin files as gin does.
@@ -264,9 +268,18 @@ def _gin_value_text(value: Any) -> str:
 
 def check_moved_names(bindings: Sequence[_Binding]) -> None:
   """Raises a one-line ValueError for a binding of one of ``train``'s former parameters
-  (``MOVED_TRAIN_PARAMETERS``), naming the binding that replaces it, in its own form."""
+  (``MOVED_TRAIN_PARAMETERS``) or ``evaluate``'s (``REPLACED_EVALUATE_FLAGS``), naming
+  the binding that replaces it, in its own form."""
   for binding in bindings:
-    if binding.is_macro or binding.selector.rsplit(".", 1)[-1] != _TRAIN_ENTRY_POINT:
+    entry_point = binding.selector.rsplit(".", 1)[-1]
+    if (not binding.is_macro and entry_point == _EVALUATE_ENTRY_POINT
+        and binding.param in REPLACED_EVALUATE_FLAGS):
+      method = REPLACED_EVALUATE_FLAGS[binding.param]
+      example = (f"--gin.evaluate.method=\"'{method}'\"" if binding.where.startswith("--gin.")
+                 else f"evaluate.method = '{method}'")
+      raise ValueError(f"{binding.where}: {binding.selector}.{binding.param} moved: bind "
+                       f"evaluate.method (e.g. {example}), or drop it for the run as trained")
+    if binding.is_macro or entry_point != _TRAIN_ENTRY_POINT:
       continue
     if binding.param not in MOVED_TRAIN_PARAMETERS:
       continue
@@ -437,8 +450,8 @@ def checked_configuration(files: Sequence[str], flags: Sequence[tuple[str, str]]
     ``config.gin`` (empty unless ``model_from_model_dir`` and the file exists).
 
   Raises:
-    ValueError: a binding that cannot be parsed, one of ``train``'s former
-      parameters (``MOVED_TRAIN_PARAMETERS``), a macro of the command line that
+    ValueError: a binding that cannot be parsed, one of ``train``'s or ``evaluate``'s
+      former parameters (``check_moved_names``), a macro of the command line that
       nothing refers to, or a ``%gin.REQUIRED`` macro left unset.
     FileNotFoundError: a gin file found nowhere.
   """

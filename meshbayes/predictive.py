@@ -37,12 +37,12 @@ import jax
 import jax.numpy as jnp
 
 from meshbayes.field_checks import positive_int
+from meshbayes.metrics import measures as registry
 
 Array = jax.Array
-TOKEN_MEASURES = ("total_uncertainty", "data_uncertainty", "mutual_information",
-                  "expected_pairwise_kl", "reverse_mutual_information")
-SEQUENCE_MEASURES = ("sequence_total_uncertainty", "sequence_data_uncertainty",
-                     "sequence_reverse_mutual_information")
+# The names of the measures above, as the registry orders them (meshbayes.metrics.measures).
+TOKEN_MEASURES = registry.names(kind=registry.UNCERTAINTY, level=registry.TOKEN)
+SEQUENCE_MEASURES = registry.names(kind=registry.UNCERTAINTY, level=registry.SEQUENCE)
 
 
 def sample_outputs(fn: Callable[[Array], Array], key: Array, num_samples: int) -> Array:

@@ -26,17 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from meshbayes import predictive
-from meshbayes.layers import (
-  KL_COLLECTION,
-  Ensemble,
-  dropout_rngs,
-  holds_posterior,
-  kl_penalty,
-  posterior_mean,
-  sample_axes,
-  sample_weights,
-  total_kl,
-)
+from meshbayes.layers import KL_COLLECTION, as_posterior, kl_penalty, total_kl
 from meshbayes.models import decoding
 from meshbayes.models.base import (
   LOSS,
@@ -190,16 +180,16 @@ class EncoderDecoderModel(BaseModel):
     the Monte Carlo negative ELBO per target token (IVON's KL is not the layers'
     and is not reported). The loss returned is the plug-in value.
     """
-    logits, state = self._teacher_forced(posterior_mean(params), batch, deterministic=True)
+    posterior = as_posterior(params)
+    logits, state = self._teacher_forced(posterior.mean_weights(), batch, deterministic=True)
     sums = self._sums(logits, total_kl(state), batch, 1.0, 0.0)
     metrics = self.metrics_from_sums(sums)
     metrics["plugin_neg_elbo"] = metrics.pop("neg_elbo")
-    keys, mean = self._sample_keys(params, rng, num_samples)
+    keys, mean = self._sample_keys(posterior, rng, num_samples)
     if not mean:
       def sampled_nll(total, key):
-        weights = sample_weights(params, key)
-        logits, _ = self._teacher_forced(weights, batch, deterministic=True,
-                                         **dropout_rngs(params, key))
+        logits, _ = self._teacher_forced(posterior.sample(key), batch, deterministic=True,
+                                         **posterior.apply_options(key))
         return total + self._sums(logits, jnp.zeros(()), batch, 1.0, 0.0)["nll"], None
 
       nll_sum = jax.lax.scan(sampled_nll, jnp.zeros((), jnp.float32), keys)[0] / len(keys)
@@ -208,17 +198,13 @@ class EncoderDecoderModel(BaseModel):
         metrics["neg_elbo"] = metrics["sampled_nll"] + metrics["kl"] / self.num_train_units
     return metrics[LOSS], metrics
 
-  def _sample_keys(self, params: Any, rng: Array | None, num_samples: int
+  def _sample_keys(self, posterior: Any, rng: Array | None, num_samples: int
                    ) -> tuple[Array, bool]:
-    """Keys of the weight samples (an ``Ensemble``'s member indices: all of them, each
-    once), and whether to use the posterior mean instead."""
-    if num_samples == 0 or not (self.is_bayesian or holds_posterior(params)):
+    """Keys of the posterior's members (``Posterior.member_keys``), and whether to use
+    the posterior mean instead."""
+    if num_samples == 0 or not (self.is_bayesian or posterior.external):
       return jax.random.key(0)[None], True
-    if isinstance(params, Ensemble):
-      return jnp.arange(params.size), False
-    if rng is None:
-      raise ValueError(f"num_samples={num_samples} posterior samples need an rng")
-    return jax.random.split(rng, num_samples), False
+    return posterior.member_keys(rng, num_samples), False
 
   def score_batch(self, params, batch, rng=None, num_samples=0, return_log_probs=False,
                   calibration_temperature=1.0):
@@ -239,13 +225,15 @@ class EncoderDecoderModel(BaseModel):
       of the targets; with ``return_log_probs``, also ``log_probs``
       ``(batch, length, vocab)``, the whole predictive distribution.
     """
-    keys, mean = self._sample_keys(params, rng, num_samples)
+    posterior = as_posterior(params)
+    keys, mean = self._sample_keys(posterior, rng, num_samples)
 
     def log_probs(key):
-      weights = posterior_mean(params) if mean else sample_weights(params, key)
+      weights = posterior.mean_weights() if mean else posterior.sample(key)
       logits = self.module.apply({"params": weights}, batch["encoder_input_tokens"],
                                  batch["decoder_input_tokens"], batch["decoder_target_tokens"],
-                                 deterministic=True, **({} if mean else dropout_rngs(params, key)))
+                                 deterministic=True,
+                                 **({} if mean else posterior.apply_options(key)))
       return jax.nn.log_softmax(logits.astype(jnp.float32))
 
     weights = batch["decoder_loss_weights"].astype(jnp.float32)
@@ -348,7 +336,8 @@ class EncoderDecoderModel(BaseModel):
       ``models.decoding`` expands them: MC dropout then holds each input's masks
       for all of its rows, so a hypothesis keeps its masks when beams are reordered.
     """
-    keys, mean = self._sample_keys(params, rng, num_samples)
+    posterior = as_posterior(params)
+    keys, mean = self._sample_keys(posterior, rng, num_samples)
     if sample_index is not None and not mean:
       keys = keys[sample_index][None]
     num_samples = keys.shape[0]
@@ -356,21 +345,16 @@ class EncoderDecoderModel(BaseModel):
     if mean or self.decode_weights == "stored":
       # Each sample's weights are drawn once, here, and decoded at their "posterior mean";
       # only the drawn leaves are stacked (S copies), the rest shared.
-      axis = None if mean else sample_axes(params)
-      if mean:
-        weights = posterior_mean(params)
-      elif isinstance(params, Ensemble) and sample_index is None:  # already stacked
-        weights = params.members
-      else:
-        weights = jax.vmap(lambda key: sample_weights(params, key), out_axes=axis)(keys)
+      axis = None if mean else posterior.sampled_axes()
+      weights = posterior.mean_weights() if mean else posterior.stacked(keys)
       # fn(weights, key, *args) over the samples: their weights and keys (MC dropout's rngs).
       per_sample = lambda fn, *axes: lambda weights, *args: jax.vmap(
           fn, in_axes=(axis, 0, *axes), axis_size=num_samples)(weights, keys, *args)
     else:  # "regenerated": one sample's weights at a time, drawn again at each step
       weights = None
       per_sample = lambda fn, *axes: lambda _, *args: jax.lax.map(
-          lambda xs: fn(sample_weights(params, xs[0]), *xs), (keys, *args))
-    sample_rngs = (lambda key: {}) if mean else functools.partial(dropout_rngs, params)
+          lambda xs: fn(posterior.sample(xs[0]), *xs), (keys, *args))
+    sample_rngs = (lambda key: {}) if mean else posterior.apply_options
 
     def encode(weights, key):
       return module.apply({"params": weights}, inputs, deterministic=True,
@@ -379,7 +363,7 @@ class EncoderDecoderModel(BaseModel):
     encoded = per_sample(encode)(weights)
     dummy = jnp.zeros((inputs.shape[0], max_length), jnp.int32)
     cache_shapes = jax.eval_shape(
-        lambda: module.apply({"params": posterior_mean(params)}, encoded[0], inputs, dummy,
+        lambda: module.apply({"params": posterior.mean_weights()}, encoded[0], inputs, dummy,
                              deterministic=True,
                              decode=True, max_decode_length=max_length, mutable=["cache"],
                              method=Transformer.decode)[1]["cache"])

@@ -263,6 +263,16 @@ def test_a_moved_train_parameter_names_its_new_binding(tmp_path):
       "run_configs.EvaluationConfig.period (e.g. run_configs.EvaluationConfig.period = 250)")
 
 
+def test_evaluates_mode_flag_that_became_a_method_names_its_new_binding(tmp_path):
+  assert _moved_error([], "evaluate.mc_dropout=True") == (
+      "--gin.evaluate.mc_dropout=True: evaluate.mc_dropout moved: bind evaluate.method (e.g. "
+      "--gin.evaluate.method=\"'mc_dropout'\"), or drop it for the run as trained")
+  (tmp_path / "old_eval.gin").write_text("evaluate.num_samples = 4\nevaluate.mc_dropout = True\n")
+  assert _moved_error([str(tmp_path / "old_eval.gin")]) == (
+      f"{tmp_path / 'old_eval.gin'}:2: evaluate.mc_dropout moved: bind evaluate.method (e.g. "
+      "evaluate.method = 'mc_dropout'), or drop it for the run as trained")
+
+
 def test_the_moved_names_are_gone_from_train_and_name_real_fields():
   import dataclasses
   import inspect

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from meshbayes.metrics import measures
 from meshbayes.tools import compare_runs
 
 pytestmark = pytest.mark.integration
@@ -11,12 +12,13 @@ pytestmark = pytest.mark.integration
 BINS = {"bin_confidence": [0.1, None], "bin_accuracy": [0.2, None], "bin_count": [3.0, 0.0]}
 
 
-def write_run(directory, predictives, bleu, ece, ood=None):
+def write_run(directory, predictives, bleu, ece, ood=None, extra=None):
   out = directory / "eval" / "tatoeba_enfr"
   out.mkdir(parents=True)
   interval = lambda x: {"estimate": x, "low": x - 0.01, "high": x + 0.01}
   figures = {"bleu": interval(bleu), "token_ece": interval(ece), "sequence_ece": interval(0.003),
-             "calibration_auroc": {"estimate": None, "low": None, "high": None}}
+             "calibration_auroc": {"estimate": None, "low": None, "high": None},
+             **{name: interval(value) for name, value in (extra or {}).items()}}
   metrics = {"step": 100, "num_samples": 4, "predictives": predictives, "num_sources": 60,
              "num_pairs": 64, "temperature_scaling": {"temperature": 1.234},
              "intervals": {p: figures for p in predictives}}
@@ -59,3 +61,24 @@ def test_table_has_a_column_per_predictive(tmp_path, capsys):
 def test_missing_evaluation_is_a_one_line_error(tmp_path, capsys):
   assert compare_runs.main([str(tmp_path), "--task=tatoeba_enfr"]) == 2
   assert "has no evaluation; run python -m meshbayes.eval" in capsys.readouterr().err
+
+
+def test_a_measure_is_shown_once_the_registry_has_it(tmp_path, monkeypatch):
+  """A new figure or uncertainty measure needs its registry entry and its place in the
+  table's order (both in meshbayes/metrics/measures.py), and nothing in compare_runs."""
+  gap = measures.Measure("token_entropy_gap", "token entropy gap (%)", measures.LOWER,
+                         measures.TOKEN, measures.FIGURE, 100, ".1f", "a figure to show")
+  energy = measures.Measure("energy", "energy", measures.NEITHER, measures.TOKEN,
+                            measures.UNCERTAINTY, 1, ".3f", "a measure to show")
+  monkeypatch.setattr(measures, "MEASURES", measures.MEASURES + (gap, energy))
+  monkeypatch.setattr(measures, "RUN_TABLE_FIGURES",
+                      measures.RUN_TABLE_FIGURES + ("token_entropy_gap",))
+  monkeypatch.setattr(measures, "OOD_TABLE_MEASURES", measures.OOD_TABLE_MEASURES + ("energy",))
+  measures.check()
+  write_run(tmp_path / "run", ["model_average"], 12.0, 0.05, extra={"token_entropy_gap": 0.123},
+            ood={"spanish": {"auroc_energy": 0.75, "fpr95_energy": 0.5}})
+  lines = compare_runs.table(compare_runs.columns([tmp_path / "run"], ["run"],
+                                                  "tatoeba_enfr")).splitlines()
+  last = next(k for k, line in enumerate(lines) if line.startswith("| token ECE (%) |"))
+  assert lines[last + 1] == "| token entropy gap (%) | 12.3 [11.3, 13.3] |"  # the table's last
+  assert "| OOD spanish: AUROC / FPR@95 (%) by energy | 0.750 [0.740, 0.760] / 50.0 |" in lines

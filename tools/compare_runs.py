@@ -7,7 +7,8 @@ Reads what ``python -m meshbayes.eval`` wrote under ``RUN/eval/<task>/``, or in 
 directory given as RUN that holds it (``evaluate.output_dir``). A
 Bayesian run gives two columns: its model average (headline) and its
 posterior mean. Each cell is the figure and its 95% bootstrap interval over the
-test sources, ``estimate [low, high]``; calibration errors in percent.
+test sources, ``estimate [low, high]``; calibration errors in percent. The rows, their
+labels and formats are the registry's (``meshbayes.metrics.measures``).
 """
 
 from __future__ import annotations
@@ -25,27 +26,7 @@ import numpy as np
 
 from meshbayes import metrics
 from meshbayes.metrics import bootstrap
-
-# (row label, figure of evaluation_items.figures, scale, format).
-ROWS = (
-    ("BLEU", "bleu", 1, ".2f"),
-    ("exact match (%)", "exact_match", 100, ".1f"),
-    ("mean sequence probability (%)", "mean_probability", 100, ".2f"),
-    ("sequence ECE, exact match (%)", "sequence_ece", 100, ".2f"),
-    ("sequence calibration AUROC", "calibration_auroc", 1, ".3f"),
-    ("error detection PRR, negative log-probability", "prr_negative_log_probability", 1, ".3f"),
-    ("error detection PRR, mutual information", "prr_mutual_information", 1, ".3f"),
-    ("token ECE (%)", "token_ece", 100, ".2f"),
-    ("token weighted ECE (%)", "token_weighted_ece", 100, ".2f"),
-    ("token NLL (nats)", "token_nll", 1, ".3f"),
-    ("token accuracy (%)", "token_accuracy", 100, ".2f"),
-    ("Brier", "token_brier", 1, ".4f"),
-)
-# The OOD rows' measures, in this order when present.
-OOD_SCORES = ("mutual_information", "reverse_mutual_information", "expected_pairwise_kl",
-              "total_uncertainty", "data_uncertainty",
-              "sequence_reverse_mutual_information", "sequence_total_uncertainty",
-              "sequence_data_uncertainty", "bleu_disagreement")
+from meshbayes.metrics import measures as registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,19 +113,23 @@ def table(cols: Sequence[Column]) -> str:
   """The markdown table: one row per figure, one column per run and predictive."""
   header = "| metric | " + " | ".join(col.title for col in cols) + " |"
   lines = [header, "|---" * (len(cols) + 1) + "|"]
-  for label, name, scale, spec in ROWS:
-    cells = [interval_text(col.metrics.get("intervals", {}).get(col.predictive, {}).get(name),
-                           scale, spec) for col in cols]
+  for figure in map(registry.get, registry.RUN_TABLE_FIGURES):
+    cells = [interval_text(col.metrics.get("intervals", {}).get(col.predictive, {}).get(
+        figure.name), figure.scale, figure.format_spec) for col in cols]
     if any(cell != "-" for cell in cells):
-      lines.append(f"| {label} | " + " | ".join(cells) + " |")
+      lines.append(f"| {figure.label} | " + " | ".join(cells) + " |")
   ood_sets = sorted({name for col in cols for name in col.metrics.get("ood_intervals", {})})
   for ood_set in ood_sets:  # measured with each run's headline predictive
     entries = [col.metrics.get("ood_intervals", {}).get(ood_set, {}) if col.is_headline else {}
                for col in cols]
-    for score in (s for s in OOD_SCORES if any(f"auroc_{s}" in e for e in entries)):
-      cells = [interval_text(e.get(f"auroc_{score}")) + (
-          f" / {100 * e[f'fpr95_{score}']['estimate']:.1f}" if f"fpr95_{score}" in e else "")
-               if f"auroc_{score}" in e else "-" for e in entries]
+    for score in registry.OOD_TABLE_MEASURES:
+      auroc = registry.get(registry.family_name(registry.AUROC, score))
+      fpr = registry.get(registry.family_name(registry.FPR95, score))
+      if not any(auroc.name in e for e in entries):
+        continue
+      cells = [interval_text(e[auroc.name], auroc.scale, auroc.format_spec) + (
+          f" / {fpr.scale * e[fpr.name]['estimate']:{fpr.format_spec}}" if fpr.name in e else "")
+               if auroc.name in e else "-" for e in entries]
       lines.append(f"| OOD {ood_set}: AUROC / FPR@95 (%) by {score.replace('_', ' ')} | "
                    + " | ".join(cells) + " |")
   lines.append("| test sources (pairs) | " + " | ".join(

@@ -21,14 +21,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from meshbayes import predictive_methods
 from meshbayes.field_checks import positive_ints
 from meshbayes.posterior_diagnostics import MEDIAN_PREFIX, relative_change
 
-METHODS = ("deterministic", "mc_dropout", "ensemble", "bayesian", "ivon")
-# The gin file of each training recipe the methods evaluate (MC dropout and the ensemble
-# evaluate the deterministic runs).
-RECIPES = {"deterministic": "uncertainty/deterministic.gin",
-           "bayesian": "uncertainty/bayesian.gin", "ivon": "uncertainty/ivon.gin"}
+# The predictive methods (meshbayes.predictive_methods: the runs each evaluates).
+METHODS = predictive_methods.names()
+# The gin file of each training recipe the methods evaluate.
+RECIPES = {recipe: f"uncertainty/{recipe}.gin" for recipe in predictive_methods.RECIPES}
 CHECKPOINTS = ("final", "best")
 
 
@@ -74,28 +74,30 @@ class Budget:
   def __post_init__(self):
     positive_ints("Budget", self, "train_steps", "eval_period", "num_samples", "eval_batches",
                   "ood_examples", "seeds", "bootstrap_resamples")
-    unknown = [m for m in self.methods if m not in METHODS]
+    unknown = [m for m in self.methods if m not in predictive_methods.names()]
     if unknown or not self.methods:
       raise ValueError(f"Budget: methods={self.methods!r}: each must be one of "
-                       f"{', '.join(METHODS)}")
+                       f"{', '.join(predictive_methods.names())}")
     if self.decode_method not in ("beam", "greedy"):
       raise ValueError(f"Budget: decode_method={self.decode_method!r} must be beam or greedy")
-    if "ensemble" in self.methods and not self.ensemble_size >= 2:
-      raise ValueError(f"Budget: ensemble_size={self.ensemble_size!r} must be at least 2")
+    combining = [m for m in self.methods if predictive_methods.get(m).combines_runs]
+    if combining and not self.ensemble_size >= 2:
+      raise ValueError(f"Budget: ensemble_size={self.ensemble_size!r} must be at least 2 "
+                       f"(methods {', '.join(combining)} combine runs)")
 
   @property
   def runs(self) -> dict[str, tuple[str, int]]:
-    """Training runs: name -> (gin file, seed)."""
+    """Training runs: name -> (gin file, seed). Each method's recipe once (run ``<recipe>``);
+    a method that combines runs adds ``ensemble_size - 1`` seeds of it, one that reports
+    its seed spread ``seeds - 1`` (runs ``<recipe>_seed<k>``)."""
     runs = {}
-    if {"deterministic", "mc_dropout", "ensemble"} & set(self.methods):
-      runs["deterministic"] = (RECIPES["deterministic"], 0)
-    if "ensemble" in self.methods:
-      runs.update({f"deterministic_seed{k}": (RECIPES["deterministic"], k)
-                   for k in range(1, self.ensemble_size)})
-    for method in ("bayesian", "ivon"):
-      if method in self.methods:
-        runs[method] = (RECIPES[method], 0)
-        runs.update({f"{method}_seed{k}": (RECIPES[method], k) for k in range(1, self.seeds)})
+    for name in self.methods:
+      method = predictive_methods.get(name)
+      recipe = method.trained_by
+      runs.setdefault(recipe, (RECIPES[recipe], 0))
+      more = (self.ensemble_size if method.combines_runs else
+              self.seeds if method.seed_spread else 1)
+      runs.update({f"{recipe}_seed{k}": (RECIPES[recipe], k) for k in range(1, more)})
     return runs
 
 
@@ -175,15 +177,15 @@ def evaluations(budget: Budget, out: Path) -> dict[str, dict[str, Any]]:
   for checkpoint in CHECKPOINTS[:2 if budget.best_checkpoint else 1]:
     step = lambda run: (best_step(runs / run) if checkpoint == "best"
                         else final_step(runs / run))
-    for method in budget.methods:
-      run = method if method in ("bayesian", "ivon") else "deterministic"
-      extra = {"deterministic": ["evaluate.temperature_scaling=True"],
-               "mc_dropout": ["evaluate.mc_dropout=True"],
-               "ensemble": ["evaluate.ensemble_dirs=[{}]".format(", ".join(
-                   f"'{runs / name / 'checkpoints' / str(step(name))}'"
-                   for name in budget.runs if name.startswith("deterministic_seed")))]
-               }.get(method, [])
-      found[f"{method}@{checkpoint}"] = {"run": run, "step": step(run), "extra": extra}
+    for name in budget.methods:
+      method = predictive_methods.get(name)
+      run = method.trained_by
+      extra = list(method.eval_bindings)
+      if method.combines_runs:
+        extra.append("evaluate.ensemble_dirs=[{}]".format(", ".join(
+            f"'{runs / member / 'checkpoints' / str(step(member))}'"
+            for member in budget.runs if member.startswith(f"{run}_seed"))))
+      found[f"{name}@{checkpoint}"] = {"run": run, "step": step(run), "extra": extra}
   # Every other seed at the end of the budget, as itself: the seed spread of the
   # deterministic model (the ensemble's members), the Bayesian layers and IVON.
   for run in budget.runs:

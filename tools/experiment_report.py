@@ -21,22 +21,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
-from meshbayes import checkpoints, metrics
+from meshbayes import checkpoints, metrics, predictive_methods
+from meshbayes.metrics import measures as registry
 from meshbayes.tools import compare_runs, experiment_tables, inspect_checkpoint
 from meshbayes.tools.experiment_plan import (CHECKPOINTS, Budget, best_step, convergence,
                                              read_json, result_dirs, validation_curve,
                                              write_json)
 
-# Column names of each method's evaluated predictives (others are left out: MC dropout's
-# and the ensemble's "posterior mean" would be the deterministic model again).
-COLUMNS = {
-    "deterministic": {"posterior_mean": "deterministic",
-                      "posterior_mean_temperature_scaled": "temperature-scaled"},
-    "mc_dropout": {"model_average": "MC dropout"},
-    "ensemble": {"model_average": "deep ensemble"},
-    "bayesian": {"model_average": "Bayesian layers", "posterior_mean": "Bayesian layers (mean)"},
-    "ivon": {"model_average": "IVON", "posterior_mean": "IVON (mean)"},
-}
+# Column titles of each method's evaluated predictives (meshbayes.predictive_methods; others
+# are left out: MC dropout's "posterior mean" would be the deterministic model again).
+COLUMNS = {name: dict(predictive_methods.get(name).columns) for name in predictive_methods.names()}
 # Weights grouped by the kind of layer they belong to, for the posterior diagnostics.
 # The first marker found in a weight's path decides (norms' paths name their attention too).
 LAYER_KINDS = (("norm", "_norm/"), ("cross_attention", "encoder_decoder_attention/"),
@@ -122,9 +116,9 @@ def _cost_rows(results: Mapping[str, Path], checkpoint: str, runs: Path, costs: 
   ratios, cpu = [], []
   for col in cols:
     method = next(m for m, names in COLUMNS.items() if col.title.split(" (")[0] in names.values())
-    names = ({"ensemble": sorted(p.name for p in runs.glob("deterministic*"))}
-             .get(method, ["deterministic" if method in ("mc_dropout", "deterministic")
-                           else method]))
+    recipe = predictive_methods.get(method).trained_by
+    names = (sorted(p.name for p in runs.glob(f"{recipe}*"))
+             if predictive_methods.get(method).combines_runs else [recipe])
     seconds = step_seconds(runs / names[0])
     ratios.append(f"{seconds / base:.2f}" if base else "-")
     recorded = [costs[n]["cpu_seconds"] for n in names if "cpu_seconds" in costs.get(n, {})]
@@ -178,8 +172,8 @@ def plot_ood(cols: Sequence[compare_runs.Column], path: Path, measures: Sequence
   width = 0.8 / len(measures)
   for ax, ood_set in zip(axes[0], sets):
     for i, measure in enumerate(measures):
-      entries = [c.metrics["ood_intervals"].get(ood_set, {}).get(f"auroc_{measure}")
-                 for c in headline]
+      entries = [c.metrics["ood_intervals"].get(ood_set, {}).get(
+          registry.family_name(registry.AUROC, measure)) for c in headline]
       values = np.array([e["estimate"] if e else np.nan for e in entries])
       errors = np.array([[e["estimate"] - e["low"], e["high"] - e["estimate"]] if e
                          else [np.nan, np.nan] for e in entries]).T

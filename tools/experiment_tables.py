@@ -6,7 +6,8 @@ Every function takes ``compare_runs.Column``s (an evaluation's predictive and it
 directory) and returns ``(markdown, summary)``, the summary for ``report.json``. The
 bootstrap's resamples are over test sources (and over OOD inputs), ``num_resamples`` of
 them with a fixed seed, the same for both sides of a paired difference
-(``meshbayes.evaluation_items``).
+(``meshbayes.evaluation_items``). Labels, formats and directions are the registry's
+(``meshbayes.metrics.measures``).
 """
 
 from __future__ import annotations
@@ -19,13 +20,10 @@ import numpy as np
 
 from meshbayes import evaluation_items, metrics
 from meshbayes.metrics import bootstrap
+from meshbayes.metrics import measures as registry
 from meshbayes.tools import compare_runs
 
 Column = compare_runs.Column
-# The rows of compare_runs' table that the paired-difference and seed tables repeat.
-HEADLINE = tuple(row for row in compare_runs.ROWS if row[1] in (
-    "bleu", "exact_match", "sequence_ece", "calibration_auroc", "prr_negative_log_probability",
-    "token_ece", "token_nll", "token_brier"))
 # OOD measures fixed before looking at any result: predictive entropy (every model has it)
 # and, for a posterior, mutual information (its samples' disagreement).
 OOD_MEASURES = ("total_uncertainty", "mutual_information")
@@ -42,8 +40,13 @@ def _header(first: str, titles: Sequence[str]) -> list[str]:
 
 
 def _verdict(name: str, difference: bootstrap.Interval) -> str:
-  direction = evaluation_items.higher_is_better(name)
+  direction = registry.higher_is_better(name)
   return "" if direction is None else f" {bootstrap.verdict(difference, direction)}"
+
+
+def _auroc(measure: str) -> registry.Measure:
+  """The registry's entry of the OOD AUROC by ``measure``."""
+  return registry.get(registry.family_name(registry.AUROC, measure))
 
 
 def paired_table(cols: Sequence[Column], num_resamples: int = bootstrap.DEFAULT_RESAMPLES
@@ -61,11 +64,12 @@ def paired_table(cols: Sequence[Column], num_resamples: int = bootstrap.DEFAULT_
       evaluation_items.read_items(c.directory, c.predictive), base_items, num_resamples)
                  for c in others}
   lines = _header(f"minus {BASELINE}: difference [95% interval]", [c.title for c in others])
-  for label, name, scale, spec in HEADLINE:
-    cells = [f"{_signed(d[name], scale, spec)}{_verdict(name, d[name])}"
+  for figure in map(registry.get, registry.HEADLINE_FIGURES):
+    name = figure.name
+    cells = [f"{_signed(d[name], figure.scale, figure.format_spec)}{_verdict(name, d[name])}"
              if name in d and np.isfinite(d[name].estimate) else "-"
              for d in differences.values()]
-    lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines.append(f"| {figure.label} | " + " | ".join(cells) + " |")
   summary = {title: evaluation_items.as_json(d) for title, d in differences.items()}
   base_ood = evaluation_items.read_ood_scores(baseline.directory)
   ood = {c.title: evaluation_items.ood_paired_differences(
@@ -75,8 +79,10 @@ def paired_table(cols: Sequence[Column], num_resamples: int = bootstrap.DEFAULT_
   if base_ood is not None:
     for ood_set in sorted(base_ood.out_of_domain):
       for measure in OOD_MEASURES:
-        cells = [_signed(ood[c.title][ood_set][measure], 1, ".3f") + " " + bootstrap.verdict(
-            ood[c.title][ood_set][measure], True)
+        auroc = _auroc(measure)
+        cells = [_signed(ood[c.title][ood_set][measure], auroc.scale, auroc.format_spec) + " "
+                 + bootstrap.verdict(ood[c.title][ood_set][measure],
+                                     registry.higher_is_better(auroc.name))
                  if measure in ood.get(c.title, {}).get(ood_set, {}) else "-" for c in others]
         if any(cell != "-" for cell in cells):
           lines.append(f"| OOD {ood_set}: AUROC by {measure.replace('_', ' ')} minus "
@@ -89,9 +95,10 @@ def error_detection_table(cols: Sequence[Column]) -> str:
   """The prediction rejection ratio of every measure each column has, with intervals."""
   decoded = [c for c in cols if c.predictive in c.metrics.get("decoding", {})]
   lines = _header("error detection: PRR [95% interval] by", [c.title for c in decoded])
-  for measure in evaluation_items.ERROR_MEASURES:
-    cells = [compare_runs.interval_text(c.metrics["intervals"][c.predictive].get(f"prr_{measure}"))
-             for c in decoded]
+  for measure in registry.ERROR_DETECTION_MEASURES:
+    prr = registry.get(registry.family_name(registry.PRR, measure))
+    cells = [compare_runs.interval_text(c.metrics["intervals"][c.predictive].get(prr.name),
+                                        prr.scale, prr.format_spec) for c in decoded]
     if any(cell != "-" for cell in cells):
       lines.append(f"| {measure.replace('_', ' ')} | " + " | ".join(cells) + " |")
   return "\n".join(lines)
@@ -109,8 +116,9 @@ def ood_table(cols: Sequence[Column], num_resamples: int = bootstrap.DEFAULT_RES
   summary: dict[str, Any] = {}
   for ood_set in sorted({s for _, scores in scored for s in scores.out_of_domain}):
     for measure in OOD_MEASURES:
+      auroc = _auroc(measure)
       cells = [compare_runs.interval_text(c.metrics["ood_intervals"].get(ood_set, {}).get(
-          f"auroc_{measure}")) for c, _ in scored]
+          auroc.name), auroc.scale, auroc.format_spec) for c, _ in scored]
       if any(cell != "-" for cell in cells):
         lines.append(f"| {ood_set}: {measure.replace('_', ' ')} | " + " | ".join(cells) + " |")
     chosen = []
@@ -130,23 +138,25 @@ def seed_table(groups: Mapping[str, Sequence[Path]], predictives: Mapping[str, s
   title -> the predictive reported), the mean and range over seeds of the headline
   figures and of the OOD AUROCs by total uncertainty."""
   values: dict[str, dict[str, list[float]]] = {}
+  auroc = _auroc("total_uncertainty")
   for title, directories in groups.items():
     for directory in directories:
       run_metrics, _ = compare_runs.load(directory, "")
       figures = run_metrics["intervals"][predictives[title]]
       found = values.setdefault(title, {})
-      for _, name, _, _ in HEADLINE:
+      for name in registry.HEADLINE_FIGURES:
         if name in figures and figures[name]["estimate"] is not None and np.isfinite(
             figures[name]["estimate"]):
           found.setdefault(name, []).append(figures[name]["estimate"])
       for ood_set, entry in run_metrics.get("ood", {}).items():
-        if "auroc_total_uncertainty" in entry:
-          found.setdefault(f"ood/{ood_set}", []).append(entry["auroc_total_uncertainty"])
+        if auroc.name in entry:
+          found.setdefault(f"ood/{ood_set}", []).append(entry[auroc.name])
   titles = list(values)
   lines = _header("mean (lowest to highest) over seeds", [
       f"{t} ({len(groups[t])} seeds)" for t in titles])
-  rows = [(label, name, scale, spec) for label, name, scale, spec in HEADLINE] + [
-      (f"OOD {name[4:]}: AUROC by total uncertainty", name, 1, ".3f")
+  rows = [(f.label, f.name, f.scale, f.format_spec)
+          for f in map(registry.get, registry.HEADLINE_FIGURES)] + [
+      (f"OOD {name[4:]}: AUROC by total uncertainty", name, auroc.scale, auroc.format_spec)
       for name in sorted({n for v in values.values() for n in v if n.startswith("ood/")})]
   for label, name, scale, spec in rows:
     cells = [f"{np.mean(v) * scale:{spec}} ({min(v) * scale:{spec}} to {max(v) * scale:{spec}})"

@@ -72,15 +72,18 @@ from meshbayes.layers.priors import (
                                     TrainableNormalPrior,
                                     normal_kl,
 )
-from meshbayes.layers.variational import SAMPLE_RNG, posterior_part, sample_axes, sample_weights
-from meshbayes.layers.weight_posterior import (
-                                    Ensemble,
-                                    MCDropout,
+from meshbayes.layers.posteriors import (
+                                    LayerWeights,
+                                    Posterior,
+                                    as_posterior,
                                     dropout_rngs,
-                                    WeightPosterior,
                                     holds_posterior,
                                     posterior_mean,
+                                    sample_axes,
+                                    sample_weights,
 )
+from meshbayes.layers.variational import SAMPLE_RNG, posterior_part
+from meshbayes.layers.weight_posterior import Ensemble, MCDropout, WeightPosterior
 from meshbayes.layers.vector_quantization import (
                                     VQ_LOSS_COLLECTION,
                                     VectorQuantizer,
@@ -131,6 +134,9 @@ __all__ = [
                                     "MultiHeadDotProductAttentionReparameterization",
                                     "attention_class",
                                     "Ensemble",
+                                    "LayerWeights",
+                                    "Posterior",
+                                    "as_posterior",
                                     "MCDropout",
                                     "dropout_rngs",
                                     "Bayesianized",

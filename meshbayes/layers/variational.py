@@ -25,12 +25,6 @@ from meshbayes.layers.estimators import Normal
 from meshbayes.layers.initializers import softplus_inverse
 from meshbayes.layers.kl import KL_COLLECTION, KL_NAME
 from meshbayes.layers.priors import Prior
-from meshbayes.layers.weight_posterior import (
-  Ensemble,
-  MCDropout,
-  WeightPosterior,
-  posterior_mean,
-)
 
 Array = jax.Array
 Initializer = Callable[..., Any]
@@ -182,30 +176,27 @@ def variational_param(module: nn.Module, name: str, shape: tuple[int, ...], loc_
   return Normal(loc, stddev_of_scale(scale), scale)
 
 
-def sample_weights(params: Any, key: Array) -> dict[str, Any]:
+def sample_layer_weights(params: Any, key: Array) -> dict[str, Any]:
   """One posterior sample of every weight: ``w_loc`` becomes ``w_loc + softplus(w_scale) * eps``.
 
   A model applied to the result at its posterior mean (``deterministic=True``)
   runs with the sampled weights, so one sample can serve many calls (the
   steps of a decode) while its noise is drawn once. Other parameters, and
-  boxes, are kept (a prior's trainable scalars included). An ``Ensemble`` gives its
-  member ``key`` (an index), ``MCDropout`` its unchanged parameters. A ``WeightPosterior`` (a deterministic model's posterior,
-  e.g. IVON's) gives its own sample.
+  boxes, are kept (a prior's trainable scalars included). Posteriors held
+  outside the layers draw their own (``posteriors.sample_weights`` takes either).
 
   Args:
-    params: a ``params`` collection of Bayesian layers, or a ``WeightPosterior``.
+    params: a ``params`` collection of Bayesian layers.
     key: PRNG key of the sample.
 
   Returns:
     A new nested dict; the ``*_scale`` parameters are unchanged.
 
   >>> params = {'dense': {'kernel_loc': jnp.zeros(3), 'kernel_scale': jnp.full(3, -30.0)}}
-  >>> sample = sample_weights(params, jax.random.key(0))
+  >>> sample = sample_layer_weights(params, jax.random.key(0))
   >>> bool(jnp.allclose(sample['dense']['kernel_loc'], 0.0, atol=1e-9))
   True
   """
-  if isinstance(params, (WeightPosterior, Ensemble, MCDropout)):
-    return params.sample(key)
   flat = traverse_util.flatten_dict(dict(params))
   out = {}
   for index, (path, value) in enumerate(sorted(flat.items())):
@@ -225,17 +216,13 @@ def _scale_of(path: tuple[str, ...], flat: dict[tuple[str, ...], Any]) -> tuple[
   return scale if scale in flat else None
 
 
-def sample_axes(params: Any) -> Any:
-  """``0`` for each leaf of ``sample_weights``' output that a sample draws, ``None`` for each
-  it keeps: the ``in_axes``/``out_axes`` that stack over samples only what differs.
+def layer_sample_axes(params: Any) -> Any:
+  """``0`` for each leaf of ``sample_layer_weights``' output that a sample draws, ``None``
+  for each it keeps: the ``in_axes``/``out_axes`` that stack over samples only what differs.
 
-  >>> sample_axes({'dense': {'kernel_loc': 0.0, 'kernel_scale': 0.0, 'bias': 0.0}})
+  >>> layer_sample_axes({'dense': {'kernel_loc': 0.0, 'kernel_scale': 0.0, 'bias': 0.0}})
   {'dense': {'bias': None, 'kernel_loc': 0, 'kernel_scale': None}}
   """
-  if isinstance(params, MCDropout):  # no weight is drawn
-    return jax.tree.map(lambda _: None, params.params)
-  if isinstance(params, (WeightPosterior, Ensemble)):
-    return jax.tree.map(lambda _: 0, posterior_mean(params))
   flat = traverse_util.flatten_dict(dict(params))
   return traverse_util.unflatten_dict(
       {path: 0 if _scale_of(path, flat) else None for path in sorted(flat)})

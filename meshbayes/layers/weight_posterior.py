@@ -1,12 +1,13 @@
-"""A diagonal Gaussian over a whole parameter tree: a posterior held outside the layers.
+"""Posteriors held outside the layers: IVON's diagonal Gaussian, a deep ensemble, MC dropout.
 
 Bayesian layers keep their posterior in the parameters (``w_loc``,
 ``w_scale``); a deterministic model trained by variational learning
 (``meshbayes.ivon``) keeps it beside them: its parameters are the mean and the
 optimizer's state gives the stddev. ``WeightPosterior`` is that posterior in
-the form evaluation takes in place of ``params``: ``sample_weights`` draws
-from either kind and ``posterior_mean`` gives either kind's mean, so scoring,
-model-averaged decoding and the uncertainty measures run unchanged.
+the form evaluation takes in place of ``params``; ``Ensemble`` and ``MCDropout``
+take that place too. Each implements ``posteriors.Posterior``, the protocol
+every predictive reads, so scoring, model-averaged decoding and the
+uncertainty measures run unchanged whatever the kind.
 
 >>> posterior = WeightPosterior(mean={'w': jnp.zeros(3)}, stddev={'w': jnp.full(3, 1e-9)})
 >>> bool(jnp.allclose(posterior.sample(jax.random.key(0))['w'], 0.0, atol=1e-6))
@@ -47,6 +48,30 @@ def perturb(params: Any, noise: Any) -> Any:
   return jax.tree.map(lambda p, n: (p.astype(jnp.float32) + n).astype(p.dtype), params, noise)
 
 
+# Members drawn from keys, applied with their weights alone: these ``Posterior`` methods are
+# the same for every such kind, which takes them as class attributes.
+
+
+def drawn_member_keys(self: Any, rng: Array | None, num_samples: int) -> Array:
+  """``num_samples`` keys from ``rng`` (``Posterior.member_keys``); an rng is needed."""
+  del self
+  if rng is None:
+    raise ValueError(f"num_samples={num_samples} posterior samples need an rng")
+  return jax.random.split(rng, num_samples)
+
+
+def drawn_num_members(self: Any, num_samples: int) -> int:
+  """As many members as samples (``Posterior.num_members``)."""
+  del self
+  return num_samples
+
+
+def weights_only(self: Any, key: Array) -> dict[str, Any]:
+  """No ``apply`` keywords besides the weights (``Posterior.apply_options``)."""
+  del self, key
+  return {}
+
+
 class WeightPosterior(NamedTuple):
   """``N(mean, stddev^2)`` per weight; a weight sample is ``mean + stddev * eps``.
 
@@ -55,6 +80,9 @@ class WeightPosterior(NamedTuple):
 
   mean: Any
   stddev: Any
+
+  external = True
+  has_mean = True
 
   def sample(self, key: Array) -> Any:
     """One weight sample, in the parameters' dtypes (leaf noise keyed by its tree path)."""
@@ -66,6 +94,19 @@ class WeightPosterior(NamedTuple):
     positive_int("WeightPosterior.samples", "num_samples", num_samples)
     return jax.lax.map(self.sample, jax.random.split(key, num_samples))
 
+  def mean_weights(self) -> Any:
+    return self.mean
+
+  member_keys = drawn_member_keys
+  num_members = drawn_num_members
+  apply_options = weights_only
+
+  def sampled_axes(self) -> Any:
+    return jax.tree.map(lambda _: 0, self.mean)
+
+  def stacked(self, keys: Array) -> Any:
+    return jax.vmap(self.sample)(keys)
+
 
 class Ensemble(NamedTuple):
   """A deep ensemble (Lakshminarayanan et al., 2017): ``K`` independently trained
@@ -73,10 +114,14 @@ class Ensemble(NamedTuple):
 
   It takes the place of ``params`` as a ``WeightPosterior`` does; its "samples"
   are its members, each exactly once: ``sample(i)`` is member ``i``, and
-  model averaging over an ensemble averages its ``K`` members.
+  model averaging over an ensemble averages its ``K`` members. It has no
+  posterior mean (``has_mean``): its first member stands in where only shapes matter.
   """
 
   members: Any
+
+  external = True
+  has_mean = False
 
   @property
   def size(self) -> int:
@@ -91,40 +136,57 @@ class Ensemble(NamedTuple):
     """The ensemble of parameter trees of one model (one per member)."""
     return cls(jax.tree.map(lambda *xs: jnp.stack(xs), *members))
 
+  def mean_weights(self) -> Any:
+    return self.sample(0)
+
+  def member_keys(self, rng: Array | None, num_samples: int) -> Array:
+    del rng, num_samples  # every member, once
+    return jnp.arange(self.size)
+
+  def num_members(self, num_samples: int) -> int:
+    del num_samples
+    return self.size
+
+  apply_options = weights_only
+
+  def sampled_axes(self) -> Any:
+    return jax.tree.map(lambda _: 0, self.mean_weights())
+
+  def stacked(self, keys: Array) -> Any:
+    if keys.shape[0] == self.size:  # all members in order (member_keys): already stacked
+      return self.members
+    return jax.vmap(self.sample)(keys)
+
 
 class MCDropout(NamedTuple):
   """A deterministic model's parameters, predicted with Monte Carlo dropout (Gal and
   Ghahramani, 2016): each "sample" is a dropout rng, the weights stay ``params``.
 
   It takes the place of ``params`` as a ``WeightPosterior`` does; a model that
-  supports it applies its dropout with the sample's key (``dropout_rngs``).
+  supports it applies its dropout with the sample's key (``apply_options``).
   """
 
   params: Any
+
+  external = True
+  has_mean = True
 
   def sample(self, key: Array) -> Any:
     del key  # the weights do not change; the key goes to the dropout layers
     return self.params
 
+  def mean_weights(self) -> Any:
+    return self.params
 
-def dropout_rngs(params: Any, key: Array) -> dict[str, Any]:
-  """``apply`` keywords for one sample: dropout on with ``key`` for ``MCDropout``, else none."""
-  if isinstance(params, MCDropout):
+  member_keys = drawn_member_keys
+  num_members = drawn_num_members
+
+  def apply_options(self, key: Array) -> dict[str, Any]:
     return {"enable_dropout": True, "rngs": {"dropout": key}}
-  return {}
 
+  def sampled_axes(self) -> Any:
+    return jax.tree.map(lambda _: None, self.params)  # no weight is drawn
 
-def posterior_mean(params: Any) -> Any:
-  """The weights to use at the posterior mean: ``params`` itself, or a ``WeightPosterior``'s
-  mean. An ``Ensemble`` has none; its first member stands in where only shapes matter."""
-  if isinstance(params, Ensemble):
-    return params.sample(0)
-  if isinstance(params, MCDropout):
-    return params.params
-  return params.mean if isinstance(params, WeightPosterior) else params
-
-
-def holds_posterior(params: Any) -> bool:
-  """Whether ``params`` is a ``WeightPosterior``, an ``Ensemble`` or ``MCDropout`` (it has
-  samples)."""
-  return isinstance(params, (WeightPosterior, Ensemble, MCDropout))
+  def stacked(self, keys: Array) -> Any:
+    del keys
+    return self.params

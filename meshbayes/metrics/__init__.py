@@ -5,9 +5,11 @@ Pure functions without TensorFlow. The token calibration definitions are stated 
 ``meshbayes.metrics.calibration``, the sequence-level ones in
 ``meshbayes.metrics.sequence_calibration``; error detection (prediction rejection
 ratio) in ``meshbayes.metrics.rejection``; intervals in ``meshbayes.metrics.bootstrap``.
-matplotlib is imported only when a diagram is drawn.
+``meshbayes.metrics.measures`` is the registry of every figure and uncertainty measure by
+name (label, direction, level, display). matplotlib is imported only when a diagram is drawn.
 """
 
+from meshbayes.metrics import measures
 from meshbayes.metrics.bleu import (
     BleuResult,
     bleu,
@@ -53,6 +55,7 @@ __all__ = [
     "exact_matches",
     "expected_calibration_error",
     "fpr_at_tpr",
+    "measures",
     "normalize_for_match",
     "plot_reliability",
     "plot_token_and_sequence_reliability",

@@ -13,7 +13,8 @@ from meshbayes.tools import experiment, experiment_plan, experiment_report, trai
 from tests.data import corpus
 
 COLUMNS = ("deterministic", "temperature-scaled (T=", "MC dropout", "deep ensemble",
-           "Bayesian layers", "Bayesian layers (mean)", "IVON", "IVON (mean)")
+           "Bayesian layers", "Bayesian layers (mean)", "IVON", "IVON (mean)",
+           "last-layer Laplace")
 OOD_SETS = ("spanish", "technical_english", "targets_as_inputs", "shuffled_words")
 
 

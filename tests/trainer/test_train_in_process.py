@@ -398,7 +398,7 @@ def test_evaluate_mc_dropout_and_a_deep_ensemble_through_the_command(tmp_path, c
       model_from_model_dir=True)
   out_dir = runs[0] / "eval" / "synthetic_reverse"
   results = {}
-  for name, binding in (("mc_dropout", "--gin.evaluate.mc_dropout=True"),
+  for name, binding in (("mc_dropout", "--gin.evaluate.method='mc_dropout'"),
                         ("ensemble", f"--gin.evaluate.ensemble_dirs=['{runs[1]}']")):
     code, _, err = evaluate(binding)
     assert code == 0, err[-2000:]
@@ -411,3 +411,27 @@ def test_evaluate_mc_dropout_and_a_deep_ensemble_through_the_command(tmp_path, c
     assert 0 <= ood["auroc_mutual_information"] <= 1 and ood["num_examples"] == 64, name
   assert results["ensemble"]["ensemble"] == [str(runs[0]), str(runs[1])]
   assert results["ensemble"]["num_samples"] == 2
+
+
+def test_evaluate_a_deterministic_run_by_its_last_layer_laplace(tmp_path, capsys):
+  """The Laplace method through ``meshbayes.eval``: fitted on the training split, its prior
+  chosen on validation, reported as a model average; the old MC dropout flag is one line."""
+  model_dir = tmp_path / "det"
+  code, _, err = train(capsys, *train_args(model_dir, 4, kind="deterministic"))
+  assert code == 0, err[-2000:]
+  evaluate = lambda *bindings: command(
+      capsys, "evaluate", "--gin_file=runs/eval.gin", "--gin_file=tasks/synthetic.gin",
+      f"--gin.MODEL_DIR='{model_dir}'", "--gin.BATCH_SIZE=64",
+      "--gin.data.TaskData.max_eval_batches=1", "--gin.evaluate.num_samples=2",
+      "--gin.evaluate.decode_method='greedy'", "--gin.evaluate.bootstrap_resamples=20",
+      *bindings, model_from_model_dir=True)
+  code, _, err = evaluate("--gin.evaluate.method='laplace'")
+  assert code == 0, err[-2000:]
+  assert re.search(r"laplace: prior precision \S+ \(validation NLL per token 0.0001: ", err)
+  metrics = json.loads((model_dir / "eval" / "synthetic_reverse" / "metrics.json").read_text())
+  assert metrics["predictives"] == ["model_average", "posterior_mean"]
+  assert 0 <= metrics["token_calibration"]["model_average"]["ece"] <= 1
+  code, _, err = evaluate("--gin.evaluate.mc_dropout=True")
+  assert code == 1 and ("evaluate.mc_dropout moved: bind evaluate.method (e.g. --gin.evaluate."
+                        "method=\"'mc_dropout'\"), or drop it for the run as trained"
+                        in err.strip().splitlines()[-1])

@@ -1,0 +1,322 @@
+"""The registry of evaluation measures: every figure an evaluation reports and every
+uncertainty measure it scores outputs by, each named once.
+
+Each entry (``Measure``) says what its name means: the label tables show, which way it
+improves, its level, its kind (a reported ``FIGURE``, or an ``UNCERTAINTY`` score that
+ranks outputs for error detection and inputs for OOD detection; higher means more
+uncertain for every one), how tables scale and format it, and a one-line definition.
+
+Figures computed per uncertainty measure form families named ``<family>_<measure>``:
+``prr_`` (error detection), ``auroc_`` and ``fpr95_`` (OOD detection). ``family_name``
+builds such a name and ``get`` reads one back; no other module spells the pattern.
+
+The tuples at the end are the selections reports show, in their order (the run table's
+rows, the headline rows, the error-detection and OOD measures). A new figure or measure
+is one entry here, plus its place in a selection if a report is to show it.
+
+Contract: pure data and pure functions, no imports of the project: any module may read
+it. An unknown name is a ``ValueError`` of one line naming it and the valid names.
+
+>>> get("token_ece").direction, get("token_ece").level
+('lower', 'token')
+>>> family_name(PRR, "mutual_information")
+'prr_mutual_information'
+>>> get("prr_mutual_information").label
+'error detection PRR, mutual information'
+>>> higher_is_better("fpr95_total_uncertainty")
+False
+>>> names(kind=UNCERTAINTY, level=SEQUENCE)
+('sequence_total_uncertainty', 'sequence_data_uncertainty', 'sequence_reverse_mutual_information')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+# Kinds.
+FIGURE = "figure"  # a number an evaluation reports
+UNCERTAINTY = "uncertainty"  # a score of each output or input; higher: more uncertain
+# Directions: which way a figure improves (an uncertainty score has none).
+HIGHER, LOWER, NEITHER = "higher", "lower", "neither"
+# Levels. Figures: teacher-forced token statistics (TOKEN), decoded outputs (SEQUENCE),
+# out-of-distribution detection (OOD). Uncertainty measures: the mean over the output's
+# tokens of a next-token measure (TOKEN, meshbayes.predictive.token_measures); from each
+# posterior sample's probability of the whole output (SEQUENCE,
+# meshbayes.predictive.sequence_measures); of the output as decoded (OUTPUT: its
+# probability under the predictive that decoded it, the outputs each sample decodes alone).
+TOKEN, SEQUENCE, OOD, OUTPUT = "token", "sequence", "ood", "output"
+LEVELS = {FIGURE: (TOKEN, SEQUENCE, OOD), UNCERTAINTY: (TOKEN, SEQUENCE, OUTPUT)}
+DIRECTIONS = (HIGHER, LOWER, NEITHER)
+
+
+@dataclasses.dataclass(frozen=True)
+class Measure:
+  """One figure or uncertainty measure.
+
+  Attributes:
+    name: the key it has in ``metrics.json``, the items and the OOD scores.
+    label: its row label in tables (with its unit when scaled).
+    direction: ``HIGHER`` or ``LOWER`` is better, or ``NEITHER``.
+    level: one of ``LEVELS[kind]``.
+    kind: ``FIGURE`` or ``UNCERTAINTY``.
+    scale: tables show ``value * scale`` (100 for a percentage).
+    format_spec: the format spec of the scaled value, e.g. ``'.2f'``.
+    definition: what it is, in one line.
+  """
+
+  name: str
+  label: str
+  direction: str
+  level: str
+  kind: str
+  scale: float
+  format_spec: str
+  definition: str
+
+  def __post_init__(self):
+    if self.kind not in LEVELS:
+      raise ValueError(f"measure {self.name!r}: kind {self.kind!r} is not one of {tuple(LEVELS)}")
+    if self.level not in LEVELS[self.kind]:
+      raise ValueError(f"measure {self.name!r}: level {self.level!r} is not one of "
+                       f"{LEVELS[self.kind]} (kind {self.kind!r})")
+    if self.direction not in DIRECTIONS or (self.kind == UNCERTAINTY and self.direction != NEITHER):
+      raise ValueError(f"measure {self.name!r}: direction {self.direction!r} is not one of "
+                       f"{DIRECTIONS} ({NEITHER!r} for an uncertainty measure)")
+    try:
+      format(0.0, self.format_spec)
+    except ValueError:
+      raise ValueError(f"measure {self.name!r}: {self.format_spec!r} is not a format spec "
+                       "for numbers, e.g. '.2f'") from None
+
+
+def _figure(name, label, direction, level, scale, format_spec, definition) -> Measure:
+  return Measure(name, label, direction, level, FIGURE, scale, format_spec, definition)
+
+
+def _uncertainty(name, label, level, definition) -> Measure:
+  return Measure(name, label, NEITHER, level, UNCERTAINTY, 1, ".3f", definition)
+
+
+# The order matters within a kind and level: the token figures are in the order
+# evaluation_items.token_figures writes them (each token_<key of
+# metrics.token_calibration_metrics>), the uncertainty measures in the order
+# meshbayes.predictive computes them (its TOKEN_MEASURES and SEQUENCE_MEASURES).
+MEASURES = (
+    _figure("token_ece", "token ECE (%)", LOWER, TOKEN, 100, ".2f",
+            "top-label expected calibration error of the teacher-forced next-token "
+            "distributions, 15 equal-width bins (metrics.calibration)"),
+    _figure("token_weighted_ece", "token weighted ECE (%)", LOWER, TOKEN, 100, ".2f",
+            "Kumar & Sarawagi's weighted calibration error over every (token, label) pair, "
+            "teacher-forced"),
+    _figure("token_nll", "token NLL (nats)", LOWER, TOKEN, 1, ".3f",
+            "mean negative log-probability of each reference token, teacher-forced"),
+    _figure("token_brier", "Brier", LOWER, TOKEN, 1, ".4f",
+            "mean Brier score of the next-token distributions (summed over the vocabulary)"),
+    _figure("token_accuracy", "token accuracy (%)", HIGHER, TOKEN, 100, ".2f",
+            "fraction of reference tokens that are the next-token distribution's argmax"),
+    _figure("num_items", "test sources", NEITHER, SEQUENCE, 1, ".0f",
+            "the number of test sources (distinct source sentences) the figures are over"),
+    _figure("bleu", "BLEU", HIGHER, SEQUENCE, 1, ".2f",
+            "corpus BLEU of the decoded outputs, multi-reference (sacrebleu)"),
+    _figure("mean_sentence_bleu", "mean sentence BLEU", HIGHER, SEQUENCE, 1, ".2f",
+            "mean multi-reference sentence BLEU of the decoded outputs"),
+    _figure("exact_match", "exact match (%)", HIGHER, SEQUENCE, 100, ".1f",
+            "fraction of outputs that match a reference after normalization"),
+    _figure("mean_probability", "mean sequence probability (%)", NEITHER, SEQUENCE, 100, ".2f",
+            "mean probability p of each output under the predictive that decoded it"),
+    _figure("probability_gap", "sequence probability gap (%)", NEITHER, SEQUENCE, 100, ".2f",
+            "mean p minus the exact-match rate (positive: overconfident)"),
+    _figure("abs_probability_gap", "absolute sequence probability gap (%)", LOWER, SEQUENCE,
+            100, ".2f", "the absolute value of the sequence probability gap"),
+    _figure("sequence_ece", "sequence ECE, exact match (%)", LOWER, SEQUENCE, 100, ".2f",
+            "ECE of [1 - p, p] against exact match, 15 equal-width bins of max(p, 1 - p)"),
+    _figure("calibration_auroc", "sequence calibration AUROC", HIGHER, SEQUENCE, 1, ".3f",
+            "AUROC of p ranking the outputs that match a reference above the rest"),
+    _figure("equal_mass_ece", "sequence equal-mass ECE, exact match (%)", LOWER, SEQUENCE, 100,
+            ".2f", "calibration error of p against exact match in 15 equal-mass bins"),
+    _uncertainty("negative_log_probability", "negative log-probability", OUTPUT,
+                 "-log p(y | x) / L of the output y (L tokens, EOS included) under the "
+                 "predictive that decoded it"),
+    _uncertainty("sequence_total_uncertainty", "sequence total uncertainty", SEQUENCE,
+                 "-(1/L) log mean_s P_s(y | x); for one model its own -log P(y | x) / L"),
+    _uncertainty("total_uncertainty", "total uncertainty", TOKEN,
+                 "entropy of the model average's next-token distribution, H[pbar], in nats"),
+    _uncertainty("data_uncertainty", "data uncertainty", TOKEN,
+                 "expected data uncertainty mean_s H[p_s] of the samples' next-token "
+                 "distributions"),
+    _uncertainty("mutual_information", "mutual information", TOKEN,
+                 "knowledge uncertainty H[pbar] - mean_s H[p_s]"),
+    _uncertainty("expected_pairwise_kl", "expected pairwise KL", TOKEN,
+                 "mean_{s,s'} KL(p_s || p_s') between the samples' next-token distributions"),
+    _uncertainty("reverse_mutual_information", "reverse mutual information", TOKEN,
+                 "mean_s KL(pbar || p_s)"),
+    _uncertainty("sequence_data_uncertainty", "sequence data uncertainty", SEQUENCE,
+                 "-(1/L) mean_s log P_s(y | x)"),
+    _uncertainty("sequence_reverse_mutual_information", "sequence reverse mutual information",
+                 SEQUENCE, "sequence data minus sequence total uncertainty (>= 0)"),
+    _uncertainty("bleu_disagreement", "BLEU disagreement", OUTPUT,
+                 "100 minus the mean pairwise sentence BLEU of the outputs each posterior "
+                 "sample decodes alone"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """Figures computed per uncertainty measure, named ``<prefix>_<measure>``.
+
+  Attributes:
+    prefix: the names' prefix, without the underscore.
+    label: the label, ``{measure}`` standing for the measure's label.
+    direction, level, scale, format_spec: as ``Measure``'s (the level a figure's).
+    definition: the definition, ``{measure}`` standing for the measure's label.
+  """
+
+  prefix: str
+  label: str
+  direction: str
+  level: str
+  scale: float
+  format_spec: str
+  definition: str
+
+  def member(self, measure: Measure) -> Measure:
+    """The figure of this family for ``measure``."""
+    return Measure(f"{self.prefix}_{measure.name}", self.label.format(measure=measure.label),
+                   self.direction, self.level, FIGURE, self.scale, self.format_spec,
+                   self.definition.format(measure=measure.label))
+
+
+PRR, AUROC, FPR95 = "prr", "auroc", "fpr95"
+FAMILIES = (
+    Family(PRR, "error detection PRR, {measure}", HIGHER, SEQUENCE, 1, ".3f",
+           "prediction rejection ratio of the sentence-BLEU error 1 - BLEU / 100, outputs "
+           "rejected by {measure}, most uncertain first (metrics.rejection)"),
+    Family(AUROC, "OOD AUROC, {measure}", HIGHER, OOD, 1, ".3f",
+           "AUROC of telling out-of-distribution inputs from in-distribution ones by "
+           "{measure}, higher meaning out of distribution"),
+    Family(FPR95, "OOD FPR at 95% TPR (%), {measure}", LOWER, OOD, 100, ".1f",
+           "fraction of in-distribution inputs flagged when {measure}'s threshold flags 95% "
+           "of the out-of-distribution ones"),
+)
+
+# The run table's figure rows in order (tools/compare_runs.py).
+RUN_TABLE_FIGURES = ("bleu", "exact_match", "mean_probability", "sequence_ece",
+                     "calibration_auroc", "prr_negative_log_probability",
+                     "prr_mutual_information", "token_ece", "token_weighted_ece", "token_nll",
+                     "token_accuracy", "token_brier")
+# The figures the paired-difference and seed tables repeat, in order
+# (tools/experiment_tables.py).
+HEADLINE_FIGURES = ("bleu", "exact_match", "sequence_ece", "calibration_auroc",
+                    "prr_negative_log_probability", "token_ece", "token_nll", "token_brier")
+# The measures outputs are ranked by for error detection (a prr_ figure each), in the
+# order reports show them.
+ERROR_DETECTION_MEASURES = ("negative_log_probability", "sequence_total_uncertainty",
+                            "total_uncertainty", "mutual_information",
+                            "reverse_mutual_information", "sequence_reverse_mutual_information",
+                            "bleu_disagreement")
+# The measures of the run table's OOD rows, in order: every measure an OOD input is scored
+# by (the negative log-probability is of decoded test outputs only).
+OOD_TABLE_MEASURES = ("mutual_information", "reverse_mutual_information",
+                      "expected_pairwise_kl", "total_uncertainty", "data_uncertainty",
+                      "sequence_reverse_mutual_information", "sequence_total_uncertainty",
+                      "sequence_data_uncertainty", "bleu_disagreement")
+
+
+def _by_name() -> dict[str, Measure]:
+  # Read at each call, not cached: a test may extend MEASURES.
+  return {measure.name: measure for measure in MEASURES}
+
+
+def _unknown(name: str) -> ValueError:
+  prefixes = "/".join(f"{family.prefix}_" for family in FAMILIES)
+  return ValueError(f"unknown measure {name!r}; valid: {', '.join(_by_name())}, or "
+                    f"{prefixes}<uncertainty measure>")
+
+
+def get(name: str) -> Measure:
+  """The entry of ``name``: a registered measure or a family's figure of one.
+
+  Raises:
+    ValueError: one line naming ``name`` and the valid names.
+  """
+  if not isinstance(name, str):
+    raise _unknown(name)
+  registered = _by_name()
+  if name in registered:
+    return registered[name]
+  for family in FAMILIES:
+    measure = registered.get(name.removeprefix(f"{family.prefix}_"))
+    if name.startswith(f"{family.prefix}_") and measure is not None and (
+        measure.kind == UNCERTAINTY):
+      return family.member(measure)
+  raise _unknown(name)
+
+
+def family_name(family: str, measure: str) -> str:
+  """The name of ``family``'s figure for ``measure`` (``'auroc'``, ``'total_uncertainty'``
+  -> ``'auroc_total_uncertainty'``).
+
+  ``measure`` need not be registered: OOD scores of any name get their figures, and only
+  registered ones are read back by ``get``.
+
+  Raises:
+    ValueError: ``family`` is not one of ``PRR``, ``AUROC``, ``FPR95``.
+  """
+  if family not in (f.prefix for f in FAMILIES):
+    raise ValueError(f"unknown family {family!r}; valid: "
+                     f"{', '.join(f.prefix for f in FAMILIES)}")
+  return f"{family}_{measure}"
+
+
+def names(kind: str | None = None, level: str | None = None,
+          direction: str | None = None) -> tuple[str, ...]:
+  """The registered names (families' figures not included) of ``kind``, ``level`` and
+  ``direction`` (None: any), in the registry's order."""
+  for what, value, valid in (("kind", kind, tuple(LEVELS)), ("direction", direction, DIRECTIONS),
+                             ("level", level, sorted({l for ls in LEVELS.values() for l in ls}))):
+    if value is not None and value not in valid:
+      raise ValueError(f"measures.names: {what} {value!r} is not one of {tuple(valid)}")
+  return tuple(m.name for m in MEASURES if (kind is None or m.kind == kind)
+               and (level is None or m.level == level)
+               and (direction is None or m.direction == direction))
+
+
+def higher_is_better(name: str) -> bool | None:
+  """Whether ``name`` improves upwards (None: neither way, e.g. the mean probability or
+  an uncertainty measure).
+
+  Raises:
+    ValueError: ``name`` is not registered.
+  """
+  direction = get(name).direction
+  return None if direction == NEITHER else direction == HIGHER
+
+
+def check() -> None:
+  """Checks the registry: each name once, none of a family's form, and every name of the
+  selections registered and of the right kind.
+
+  Raises:
+    ValueError: one line naming the bad name.
+  """
+  seen = set()
+  for measure in MEASURES:
+    if measure.name in seen or measure.name.startswith(
+        tuple(f"{family.prefix}_" for family in FAMILIES)):
+      raise ValueError(f"MEASURES: {measure.name!r} is registered twice or has the form of "
+                       "a family's figure")
+    seen.add(measure.name)
+  for selection, chosen, kind in (
+      ("RUN_TABLE_FIGURES", RUN_TABLE_FIGURES, FIGURE),
+      ("HEADLINE_FIGURES", HEADLINE_FIGURES, FIGURE),
+      ("ERROR_DETECTION_MEASURES", ERROR_DETECTION_MEASURES, UNCERTAINTY),
+      ("OOD_TABLE_MEASURES", OOD_TABLE_MEASURES, UNCERTAINTY)):
+    for name in chosen:
+      if get(name).kind != kind:
+        raise ValueError(f"{selection}: {name!r} is not of kind {kind!r}")
+  extra = [name for name in HEADLINE_FIGURES if name not in RUN_TABLE_FIGURES]
+  if extra:
+    raise ValueError(f"HEADLINE_FIGURES: {extra} are not rows of RUN_TABLE_FIGURES")
+
+
+check()  # a misspelt or doubled name fails on import
