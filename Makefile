@@ -32,7 +32,7 @@ data: $(STAMP)
 # temperature-scaled), MC dropout and Bayesian layers trained and evaluated on test
 # pairs (BLEU, calibration, OOD), and the table side by side (a clean run each time).
 # `make demo DEMO_METHODS=deterministic,mc_dropout,ensemble,bayesian,ivon,laplace` adds the
-# others (meshbayes.predictive_methods lists them).
+# others (meshbayes.evaluation.methods lists them).
 DEMO_DIR := runs/demo
 DEMO_METHODS ?= deterministic,mc_dropout,bayesian
 # `make experiment`: every method, each at the end of the budget and at its best validation
@@ -62,7 +62,7 @@ demo-synthetic: $(STAMP)
 	  --gin.run_configs.EvaluationConfig.period=500
 	$(PY) -m meshbayes.eval --gin_file=runs/eval.gin \
 	  --gin_file=tasks/synthetic.gin --gin.MODEL_DIR="'runs/demo-synthetic'" --gin.BATCH_SIZE=64 \
-	  --gin.evaluate.decode_method="'greedy'"
+	  --gin.evaluation.DecodeConfig.method="'greedy'"
 
 # The layer library on its own: a Bayesian MLP in a few seconds.
 demo-layers: $(STAMP)

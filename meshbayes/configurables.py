@@ -4,7 +4,9 @@ Names in gin files: ``train``, ``evaluate``, ``infer`` (the entry points),
 ``data.TaskData``, ``data.train_set_size``, ``optimizers.Optimizer``,
 ``optimizers.IVON``, ``optimizers.LearningRate``, ``optimizers.KLWeight``,
 ``run_configs.CheckpointConfig``, ``run_configs.EvaluationConfig``,
-``run_configs.InputConfig`` (``train``'s grouped settings), and those of
+``run_configs.InputConfig`` (``train``'s grouped settings), ``evaluation.DecodeConfig``,
+``evaluation.PredictiveConfig``, ``evaluation.OodConfig``, ``evaluation.ReportConfig``
+(``evaluate``'s), and those of
 ``meshbayes.models.configurables`` and ``meshbayes.partitioning.configurables``.
 """
 
@@ -16,6 +18,9 @@ from meshbayes import data, evaluation, inference, optimizers, run_configs, trai
 
 gin.external_configurable(trainer.train, name="train")
 gin.external_configurable(evaluation.evaluate, name="evaluate")
+for _cls in (evaluation.DecodeConfig, evaluation.PredictiveConfig, evaluation.OodConfig,
+             evaluation.ReportConfig):
+  gin.external_configurable(_cls, module="evaluation")
 gin.external_configurable(inference.infer, name="infer")
 gin.external_configurable(data.TaskData, module="data")
 gin.external_configurable(data.train_set_size, module="data")

@@ -54,10 +54,30 @@ MOVED_TRAIN_PARAMETERS = {
     "input_shards": ("run_configs.InputConfig", "shards"),
     "num_microbatches": ("run_configs.InputConfig", "num_microbatches"),
 }
-# evaluate's mode flags that became a predictive method (meshbayes.predictive_methods):
-# old parameter -> the method that replaces it.
+# evaluate's parameters that moved into its grouped settings (meshbayes.evaluation.settings).
+MOVED_EVALUATE_PARAMETERS = {
+    "decode": ("evaluation.DecodeConfig", "enabled"),
+    "decode_method": ("evaluation.DecodeConfig", "method"),
+    "beam_size": ("evaluation.DecodeConfig", "beam_size"),
+    "sample_agreement": ("evaluation.DecodeConfig", "sample_agreement"),
+    "method": ("evaluation.PredictiveConfig", "method"),
+    "num_samples": ("evaluation.PredictiveConfig", "num_samples"),
+    "ensemble_dirs": ("evaluation.PredictiveConfig", "ensemble_dirs"),
+    "temperature_scaling": ("evaluation.PredictiveConfig", "temperature_scaling"),
+    "temperature_split": ("evaluation.PredictiveConfig", "temperature_split"),
+    "seed": ("evaluation.PredictiveConfig", "seed"),
+    "ood_files": ("evaluation.OodConfig", "files"),
+    "ood_targets_as_inputs": ("evaluation.OodConfig", "targets_as_inputs"),
+    "ood_shuffled_words": ("evaluation.OodConfig", "shuffled_words"),
+    "max_ood_examples": ("evaluation.OodConfig", "max_examples"),
+    "num_bins": ("evaluation.ReportConfig", "num_bins"),
+    "bootstrap_resamples": ("evaluation.ReportConfig", "bootstrap_resamples"),
+    "output_dir": ("evaluation.ReportConfig", "output_dir"),
+}
+# Old parameters by entry point.
+MOVED_PARAMETERS = {"train": MOVED_TRAIN_PARAMETERS, "evaluate": MOVED_EVALUATE_PARAMETERS}
+# evaluate's mode flag that became a predictive method (meshbayes.evaluation.methods).
 REPLACED_EVALUATE_FLAGS = {"mc_dropout": "mc_dropout"}
-_EVALUATE_ENTRY_POINT = "evaluate"
 
 
 # Finding gin files as gin does.
@@ -267,31 +287,32 @@ def _gin_value_text(value: Any) -> str:
 
 
 def check_moved_names(bindings: Sequence[_Binding]) -> None:
-  """Raises a one-line ValueError for a binding of one of ``train``'s former parameters
-  (``MOVED_TRAIN_PARAMETERS``) or ``evaluate``'s (``REPLACED_EVALUATE_FLAGS``), naming
-  the binding that replaces it, in its own form."""
+  """Raises a one-line ValueError for a binding of one of ``train``'s or ``evaluate``'s
+  former parameters (``MOVED_PARAMETERS``, ``REPLACED_EVALUATE_FLAGS``), naming the
+  binding that replaces it, in its own form."""
   for binding in bindings:
     entry_point = binding.selector.rsplit(".", 1)[-1]
-    if (not binding.is_macro and entry_point == _EVALUATE_ENTRY_POINT
-        and binding.param in REPLACED_EVALUATE_FLAGS):
-      method = REPLACED_EVALUATE_FLAGS[binding.param]
-      example = (f"--gin.evaluate.method=\"'{method}'\"" if binding.where.startswith("--gin.")
-                 else f"evaluate.method = '{method}'")
-      raise ValueError(f"{binding.where}: {binding.selector}.{binding.param} moved: bind "
-                       f"evaluate.method (e.g. {example}), or drop it for the run as trained")
-    if binding.is_macro or entry_point != _TRAIN_ENTRY_POINT:
+    if binding.is_macro or binding.param not in MOVED_PARAMETERS.get(entry_point, {}) | (
+        REPLACED_EVALUATE_FLAGS if entry_point == "evaluate" else {}):
       continue
-    if binding.param not in MOVED_TRAIN_PARAMETERS:
-      continue
-    configurable, param = MOVED_TRAIN_PARAMETERS[binding.param]
-    value = _gin_value_text(binding.value)
-    if binding.where.startswith("--gin."):  # a string in the shell needs both quotes
-      shell_value = f'"{value}"' if isinstance(binding.value, str) else value
-      example = f"--gin.{configurable}.{param}={shell_value}"
+    if entry_point == "evaluate" and binding.param in REPLACED_EVALUATE_FLAGS:
+      configurable, param = MOVED_EVALUATE_PARAMETERS["method"]
+      value, text = REPLACED_EVALUATE_FLAGS[binding.param], ", or drop it for the run as trained"
     else:
-      example = f"{configurable}.{param} = {value}"
+      configurable, param = MOVED_PARAMETERS[entry_point][binding.param]
+      value, text = binding.value, ""
+    example = _example(binding, configurable, param, value)
     raise ValueError(f"{binding.where}: {binding.selector}.{binding.param} moved: bind "
-                     f"{configurable}.{param} (e.g. {example})")
+                     f"{configurable}.{param} (e.g. {example}){text}")
+
+
+def _example(binding: _Binding, configurable: str, param: str, value: Any) -> str:
+  """``configurable.param = value`` as the binding's own form writes it (a file's line, or
+  a ``--gin.`` flag, where a string needs both quotes)."""
+  text = _gin_value_text(value)
+  if binding.where.startswith("--gin."):
+    return f"--gin.{configurable}.{param}=" + (f'"{text}"' if isinstance(value, str) else text)
+  return f"{configurable}.{param} = {text}"
 
 
 def _macro_value(bindings: Sequence[_Binding], name: str) -> Any:

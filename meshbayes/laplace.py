@@ -19,7 +19,7 @@ to the whole training set's (its token count over the subset's).
 a member is the trained weights with the layer's kernel drawn, so evaluation averages
 its predictions like any other posterior's. ``select_prior_precision`` picks ``alpha``
 on validation NLL. ``fit`` builds it for a trained encoder-decoder Transformer: the
-``laplace`` predictive method (``meshbayes.predictive_methods``).
+``laplace`` predictive method (``meshbayes.evaluation.methods``).
 
 >>> features = jnp.array([[1.0, 2.0]])  # one token, d = 2
 >>> logits = jnp.zeros((1, 2))          # V = 2: p = (1/2, 1/2), p (1 - p) = 1/4
@@ -338,7 +338,7 @@ def fit(model: Any, params: Any, inputs: Any) -> tuple[Any, LastLayerPosterior]:
   Args:
     model: the run's encoder-decoder model.
     params: its trained parameters.
-    inputs: ``predictive_methods.MethodInputs`` (its ``context``: the evaluation's data,
+    inputs: ``evaluation.methods.MethodInputs`` (its ``context``: the evaluation's data,
       partitioner and seed).
   """
   _check_fittable(model, params)

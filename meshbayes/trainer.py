@@ -53,7 +53,7 @@ from meshbayes import checkpoints as checkpoints_lib
 from meshbayes.atomic_files import write_text_atomically
 from meshbayes.console import say as _say  # private: not part of the trainer's interface
 from meshbayes.data.pipeline import TaskData, vocabulary_fingerprint
-from meshbayes.evaluation import teacher_forced_metrics
+from meshbayes.evaluation.teacher_forced import teacher_forced_metrics
 from meshbayes.field_checks import positive_int
 from meshbayes.host_input import HostBatches, HostInput
 from meshbayes.layers import moped_params

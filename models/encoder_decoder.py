@@ -211,7 +211,7 @@ class EncoderDecoderModel(BaseModel):
     """Target log-probabilities under the posterior mean or the model average.
 
     ``calibration_temperature`` ``T`` rescales the predictive distribution,
-    ``p^(1/T)`` renormalized (temperature scaling: ``predictive_eval.fit_temperature``).
+    ``p^(1/T)`` renormalized (temperature scaling: ``evaluation.predictives.fit_temperature``).
 
     The ``S`` weight samples run one after another, so memory holds one
     forward pass whatever ``S``.

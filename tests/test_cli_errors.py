@@ -263,26 +263,35 @@ def test_a_moved_train_parameter_names_its_new_binding(tmp_path):
       "run_configs.EvaluationConfig.period (e.g. run_configs.EvaluationConfig.period = 250)")
 
 
-def test_evaluates_mode_flag_that_became_a_method_names_its_new_binding(tmp_path):
+def test_evaluates_moved_parameters_and_mode_flag_name_their_new_binding(tmp_path):
+  assert _moved_error([], "evaluate.decode_method='greedy'") == (
+      "--gin.evaluate.decode_method='greedy': evaluate.decode_method moved: bind "
+      "evaluation.DecodeConfig.method (e.g. --gin.evaluation.DecodeConfig.method=\"'greedy'\")")
   assert _moved_error([], "evaluate.mc_dropout=True") == (
-      "--gin.evaluate.mc_dropout=True: evaluate.mc_dropout moved: bind evaluate.method (e.g. "
-      "--gin.evaluate.method=\"'mc_dropout'\"), or drop it for the run as trained")
-  (tmp_path / "old_eval.gin").write_text("evaluate.num_samples = 4\nevaluate.mc_dropout = True\n")
+      "--gin.evaluate.mc_dropout=True: evaluate.mc_dropout moved: bind "
+      "evaluation.PredictiveConfig.method (e.g. --gin.evaluation.PredictiveConfig.method="
+      "\"'mc_dropout'\"), or drop it for the run as trained")
+  (tmp_path / "old_eval.gin").write_text("evaluate.split = 'test'\nevaluate.num_samples = 4\n")
   assert _moved_error([str(tmp_path / "old_eval.gin")]) == (
-      f"{tmp_path / 'old_eval.gin'}:2: evaluate.mc_dropout moved: bind evaluate.method (e.g. "
-      "evaluate.method = 'mc_dropout'), or drop it for the run as trained")
+      f"{tmp_path / 'old_eval.gin'}:2: evaluate.num_samples moved: bind "
+      "evaluation.PredictiveConfig.num_samples (e.g. evaluation.PredictiveConfig.num_samples = 4)")
 
 
-def test_the_moved_names_are_gone_from_train_and_name_real_fields():
+def test_the_moved_names_are_gone_from_train_and_evaluate_and_name_real_fields():
   import dataclasses
   import inspect
 
-  from meshbayes import run_configs, trainer
+  from meshbayes import evaluation, run_configs, trainer
 
   assert len(inspect.signature(trainer.train).parameters) <= 12
   for old, (configurable, param) in gin_preflight.MOVED_TRAIN_PARAMETERS.items():
     assert old not in inspect.signature(trainer.train).parameters
     fields = dataclasses.fields(getattr(run_configs, configurable.split(".")[1]))
+    assert param in {f.name for f in fields}, (old, configurable, param)
+  assert len(inspect.signature(evaluation.evaluate).parameters) <= 12
+  for old, (configurable, param) in gin_preflight.MOVED_EVALUATE_PARAMETERS.items():
+    assert old not in inspect.signature(evaluation.evaluate).parameters
+    fields = dataclasses.fields(getattr(evaluation, configurable.split(".")[1]))
     assert param in {f.name for f in fields}, (old, configurable, param)
 
 

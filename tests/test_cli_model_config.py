@@ -13,7 +13,8 @@ pytestmark = pytest.mark.integration
 # What eval needs besides the run: no model preset (models/*.gin).
 EVAL_ARGS = ["--gin_file=runs/eval.gin", "--gin_file=tasks/synthetic.gin", "--gin.BATCH_SIZE=8",
              "--gin.models.EncoderDecoderModel.num_train_units=450000",
-             "--gin.evaluate.decode=False", "--gin.data.TaskData.max_eval_batches=1"]
+             "--gin.evaluation.DecodeConfig.enabled=False",
+             "--gin.data.TaskData.max_eval_batches=1"]
 
 
 def command(capsys, prog, entry_point, args):

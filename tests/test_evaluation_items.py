@@ -4,8 +4,9 @@ paired differences, OOD selection on a held-out half, and the files' round trip.
 import numpy as np
 import pytest
 
-from meshbayes import evaluation_items, metrics
-from meshbayes.evaluation_items import OodScores, SourceItems
+from meshbayes import metrics
+from meshbayes.evaluation import items as evaluation_items
+from meshbayes.evaluation.items import OodScores, SourceItems
 
 WORDS = "le chat noir dort sur un tapis rouge ce soir".split()
 

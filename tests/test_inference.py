@@ -7,11 +7,11 @@ import jax
 import numpy as np
 import pytest
 
-from meshbayes import inference
+from meshbayes import inference, text_lines
 from meshbayes.data import IdVocabulary, TaskData
 from meshbayes.models.configurables import preset_config
 from meshbayes.models.encoder_decoder import EncoderDecoderModel
-from meshbayes.predictive_eval import Decoded
+from meshbayes.evaluation.predictives import Decoded
 
 VOCABULARY = IdVocabulary(size=32)
 
@@ -19,41 +19,41 @@ VOCABULARY = IdVocabulary(size=32)
 def test_read_lines_splits_at_newlines_only_and_names_a_bad_byte(tmp_path):
   path = tmp_path / "in.txt"
   path.write_bytes("a b\r\n\n  \nc\u2028d\x85e\nlast".encode())
-  assert inference.read_lines(path) == ["a b", "", "  ", "c\u2028d\x85e", "last"]
-  assert inference.read_lines(path, skip_empty=True) == ["a b", "c\u2028d\x85e", "last"]
+  assert text_lines.read_lines(path) == ["a b", "", "  ", "c\u2028d\x85e", "last"]
+  assert text_lines.read_lines(path, skip_empty=True) == ["a b", "c\u2028d\x85e", "last"]
   path.write_bytes(b"one\n")
-  assert inference.read_lines(path) == ["one"]
+  assert text_lines.read_lines(path) == ["one"]
   path.write_bytes(b"")
-  assert inference.read_lines(path) == []
+  assert text_lines.read_lines(path) == []
   path.write_bytes(b"fine\nabc\xffdef\n")
   with pytest.raises(ValueError, match=rf"^{path}:2: not valid UTF-8 \(byte 0xff at position 4 "
                                        r"of the line\)$"):
-    inference.read_lines(path)
+    text_lines.read_lines(path)
   with pytest.raises(ValueError, match="does not exist"):
-    inference.read_lines(tmp_path / "absent.txt")
+    text_lines.read_lines(tmp_path / "absent.txt")
 
 
 def test_encode_inputs_leaves_empty_lines_empty_and_counts_cut_tokens():
   lines = ["5 6 7", "", "   ", "2 3 4 5 6 7 8 9 10 11", "9 10 11 12"]
-  encoded = inference.encode_inputs(lines, VOCABULARY, length=5)
+  encoded = text_lines.encode_inputs(lines, VOCABULARY, length=5)
   np.testing.assert_array_equal(encoded.rows, [
       [5, 6, 7, 1, 0], [0] * 5, [0] * 5, [2, 3, 4, 5, 1], [9, 10, 11, 12, 1]])
   # 10 tokens + EOS into 5: 6 cut; 4 + EOS fit exactly.
   np.testing.assert_array_equal(encoded.tokens_cut, [0, 0, 0, 6, 0])
   np.testing.assert_array_equal(encoded.present, [True, False, False, True, True])
-  np.testing.assert_array_equal(inference.encode_lines(lines, VOCABULARY, 5), encoded.rows)
+  np.testing.assert_array_equal(text_lines.encode_lines(lines, VOCABULARY, 5), encoded.rows)
   with pytest.raises(ValueError, match=r"^in.txt:2: cannot encode '5 x'"):
-    inference.encode_inputs(["5", "5 x"], VOCABULARY, 5, source="in.txt")
+    text_lines.encode_inputs(["5", "5 x"], VOCABULARY, 5, source="in.txt")
 
 
 def test_truncation_warning_is_one_line_naming_the_first_few():
-  assert inference.truncation_warning(np.zeros(4, int), "in.txt", 16) is None
-  assert inference.truncation_warning(np.array([0, 1, 0]), "in.txt", 16) == (
+  assert text_lines.truncation_warning(np.zeros(4, int), "in.txt", 16) is None
+  assert text_lines.truncation_warning(np.array([0, 1, 0]), "in.txt", 16) == (
       "warning: in.txt: 1 input longer than the input length 16 (EOS included) truncated: "
       "line 2 (1 token cut)")
   cut = np.zeros(100, int)
   cut[[3, 10, 20, 30, 40, 50, 60, 99]] = [2, 1, 1, 1, 1, 1, 1, 7]
-  warning = inference.truncation_warning(cut, "in.txt", 16)
+  warning = text_lines.truncation_warning(cut, "in.txt", 16)
   assert "\n" not in warning
   assert warning.startswith("warning: in.txt: 8 inputs longer than the input length 16")
   assert warning.endswith("line 4 (2 tokens cut), line 11 (1 token cut), line 21 (1 token cut), "
@@ -61,7 +61,7 @@ def test_truncation_warning_is_one_line_naming_the_first_few():
 
 
 def test_output_lines_keep_one_line_per_input_and_mark_empty_ones():
-  encoded = inference.encode_inputs(["5 6", "", "7 8 9 10 11 12"], VOCABULARY, length=4)
+  encoded = text_lines.encode_inputs(["5 6", "", "7 8 9 10 11 12"], VOCABULARY, length=4)
   records = [Decoded((6, 5), -0.5, 3, 0.25, 0.125), Decoded((12, 11), -2.0, 3, 1.5, 0.5)]
   texts, scores = inference.output_lines(encoded, records, VOCABULARY,
                                          with_mutual_information=True)

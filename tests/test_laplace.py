@@ -301,7 +301,7 @@ class _Data:
 
 
 def test_fit_sums_the_training_curvature_and_picks_the_prior_on_validation(monkeypatch, capsys):
-  from meshbayes import predictive_methods
+  from meshbayes.evaluation import methods as predictive_methods
   from meshbayes.data import pipeline
   from meshbayes.models.encoder_decoder import EncoderDecoderModel
   from meshbayes.partitioning import Partitioner
@@ -347,7 +347,7 @@ def test_fit_sums_the_training_curvature_and_picks_the_prior_on_validation(monke
 
 
 def test_fit_refuses_what_has_no_deterministic_output_projection():
-  from meshbayes import predictive_methods
+  from meshbayes.evaluation import methods as predictive_methods
 
   class Bayesian:
     is_bayesian, config = True, None

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from meshbayes import metrics, predictive, predictive_eval
+from meshbayes import metrics, predictive
+from meshbayes.evaluation import predictives as predictive_eval
 from meshbayes.models.encoder_decoder import EncoderDecoderModel
 from meshbayes.models.transformer import TransformerConfig
 from meshbayes.partitioning import Partitioner

@@ -6,7 +6,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import pytest
 
-from meshbayes import predictive_methods
+from meshbayes.evaluation import methods as predictive_methods
 from meshbayes.layers import Ensemble, MCDropout, WeightPosterior
 from meshbayes.tools import experiment_plan
 
@@ -80,11 +80,11 @@ def test_the_experiments_runs_and_bindings_follow_the_registry(tmp_path: Path):
   found = experiment_plan.evaluations(dataclasses.replace(budget, best_checkpoint=False),
                                       tmp_path)
   assert found["mc_dropout@final"] == {"run": "deterministic", "step": 4,
-                                       "extra": ["evaluate.method='mc_dropout'"]}
+                                       "extra": ["evaluation.PredictiveConfig.method='mc_dropout'"]}
   members = [tmp_path / "runs" / f"deterministic_seed{k}" / "checkpoints" / "4" for k in (1, 2)]
   assert found["ensemble@final"]["extra"] == [
-      "evaluate.method='ensemble'",
-      f"evaluate.ensemble_dirs=['{members[0]}', '{members[1]}']"]
+      "evaluation.PredictiveConfig.method='ensemble'",
+      f"evaluation.PredictiveConfig.ensemble_dirs=['{members[0]}', '{members[1]}']"]
   assert found["ivon@final"] == {"run": "ivon", "step": 4, "extra": []}
   with pytest.raises(ValueError, match="methods=\\('laplacian',\\): each must be one of "):
     experiment_plan.Budget(train_steps=4, eval_period=2, methods=("laplacian",))

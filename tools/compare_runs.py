@@ -4,7 +4,7 @@
         [--names=deterministic,Bayesian] [--markdown=table.md] [--plot=reliability.png]
 
 Reads what ``python -m meshbayes.eval`` wrote under ``RUN/eval/<task>/``, or in a
-directory given as RUN that holds it (``evaluate.output_dir``). A
+directory given as RUN that holds it (``evaluation.ReportConfig.output_dir``). A
 Bayesian run gives two columns: its model average (headline) and its
 posterior mean. Each cell is the figure and its 95% bootstrap interval over the
 test sources, ``estimate [low, high]``; calibration errors in percent. The rows, their

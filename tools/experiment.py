@@ -210,9 +210,10 @@ class Experiment:
   def _eval_args(self, run_dir: Path, result_dir: Path, *bindings: str) -> list[str]:
     budget = self.budget
     return ["--gin_file=runs/eval.gin", f"--gin_file={budget.task_gin}", *self._gin(
-        f"MODEL_DIR='{run_dir}'", "BATCH_SIZE=64", f"evaluate.num_samples={budget.num_samples}",
-        f"evaluate.output_dir='{result_dir}'",
-        f"evaluate.bootstrap_resamples={budget.bootstrap_resamples}", *bindings)]
+        f"MODEL_DIR='{run_dir}'", "BATCH_SIZE=64",
+        f"evaluation.PredictiveConfig.num_samples={budget.num_samples}",
+        f"evaluation.ReportConfig.output_dir='{result_dir}'",
+        f"evaluation.ReportConfig.bootstrap_resamples={budget.bootstrap_resamples}", *bindings)]
 
   def _finished(self, run_dir: Path) -> bool:
     return (run_dir / "checkpoints" / str(self.budget.train_steps)).is_dir()
@@ -266,8 +267,8 @@ class Experiment:
             self.out / "runs" / spec["run"], result_dir, "evaluate.split='test'",
             f"evaluate.checkpoint_step={spec['step']}",
             f"data.TaskData.max_eval_batches={budget.eval_batches}",
-            f"evaluate.max_ood_examples={budget.ood_examples}",
-            f"evaluate.decode_method='{budget.decode_method}'", *spec["extra"]))
+            f"evaluation.OodConfig.max_examples={budget.ood_examples}",
+            f"evaluation.DecodeConfig.method='{budget.decode_method}'", *spec["extra"]))
     self._run_all(commands)
     return results
 
@@ -287,7 +288,7 @@ class Experiment:
                    for value, run_dir in run_dirs.items() if not self._finished(run_dir)})
     self._run_all({f"{names[value]} eval": ("eval", self._eval_args(
         run_dir, run_dir / "eval_validation", "evaluate.split='validation'",
-        "evaluate.decode=False", "data.TaskData.max_eval_batches=None"))
+        "evaluation.DecodeConfig.enabled=False", "data.TaskData.max_eval_batches=None"))
         for value, run_dir in run_dirs.items()
         if not (run_dir / "eval_validation" / "metrics.json").is_file()})
     costs = read_json(self.costs_path)

@@ -21,11 +21,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from meshbayes import predictive_methods
+from meshbayes.evaluation import methods as predictive_methods
 from meshbayes.field_checks import positive_ints
 from meshbayes.posterior_diagnostics import MEDIAN_PREFIX, relative_change
 
-# The predictive methods (meshbayes.predictive_methods: the runs each evaluates).
+# The predictive methods (meshbayes.evaluation.methods: the runs each evaluates).
 METHODS = predictive_methods.names()
 # The gin file of each training recipe the methods evaluate.
 RECIPES = {recipe: f"uncertainty/{recipe}.gin" for recipe in predictive_methods.RECIPES}
@@ -182,7 +182,7 @@ def evaluations(budget: Budget, out: Path) -> dict[str, dict[str, Any]]:
       run = method.trained_by
       extra = list(method.eval_bindings)
       if method.combines_runs:
-        extra.append("evaluate.ensemble_dirs=[{}]".format(", ".join(
+        extra.append("evaluation.PredictiveConfig.ensemble_dirs=[{}]".format(", ".join(
             f"'{runs / member / 'checkpoints' / str(step(member))}'"
             for member in budget.runs if member.startswith(f"{run}_seed"))))
       found[f"{name}@{checkpoint}"] = {"run": run, "step": step(run), "extra": extra}

@@ -1,7 +1,7 @@
 """The report of ``tools/experiment.py``: tables with intervals, paired differences
 against the deterministic model, error detection, OOD detection, the seed spread,
 training curves, posterior diagnostics and figures, from what its runs and evaluations
-wrote (each evaluation's per-source items: ``meshbayes.evaluation_items``).
+wrote (each evaluation's per-source items: ``meshbayes.evaluation.items``).
 
   python -m meshbayes.tools.experiment_report runs/experiment   # rewrite the report alone
 
@@ -21,14 +21,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
-from meshbayes import checkpoints, metrics, predictive_methods
+from meshbayes import checkpoints, metrics
+from meshbayes.evaluation import methods as predictive_methods
 from meshbayes.metrics import measures as registry
 from meshbayes.tools import compare_runs, experiment_tables, inspect_checkpoint
 from meshbayes.tools.experiment_plan import (CHECKPOINTS, Budget, best_step, convergence,
                                              read_json, result_dirs, validation_curve,
                                              write_json)
 
-# Column titles of each method's evaluated predictives (meshbayes.predictive_methods; others
+# Column titles of each method's evaluated predictives (meshbayes.evaluation.methods; others
 # are left out: MC dropout's "posterior mean" would be the deterministic model again).
 COLUMNS = {name: dict(predictive_methods.get(name).columns) for name in predictive_methods.names()}
 # Weights grouped by the kind of layer they belong to, for the posterior diagnostics.

@@ -6,7 +6,7 @@ Every function takes ``compare_runs.Column``s (an evaluation's predictive and it
 directory) and returns ``(markdown, summary)``, the summary for ``report.json``. The
 bootstrap's resamples are over test sources (and over OOD inputs), ``num_resamples`` of
 them with a fixed seed, the same for both sides of a paired difference
-(``meshbayes.evaluation_items``). Labels, formats and directions are the registry's
+(``meshbayes.evaluation.items``). Labels, formats and directions are the registry's
 (``meshbayes.metrics.measures``).
 """
 
@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from meshbayes import evaluation_items, metrics
+from meshbayes import metrics
+from meshbayes.evaluation import items as evaluation_items
 from meshbayes.metrics import bootstrap
 from meshbayes.metrics import measures as registry
 from meshbayes.tools import compare_runs

@@ -184,7 +184,7 @@ def eval_args(model_dir: Path, *gin_files: str) -> list[str]:
   return [sys.executable, "-m", "meshbayes.eval", "--gin_file=runs/eval.gin",
           *(gin_files or ("--gin_file=tasks/synthetic.gin",)), f"--gin.MODEL_DIR='{model_dir}'",
           "--gin.BATCH_SIZE=8", "--gin.data.TaskData.max_eval_batches=1",
-          "--gin.evaluate.decode=False"]
+          "--gin.evaluation.DecodeConfig.enabled=False"]
 
 
 def infer_args(model_dir: Path) -> list[str]:

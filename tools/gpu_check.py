@@ -264,7 +264,8 @@ def run_section(work: Path, steps: int, batch_size: int, timeout: float) -> dict
   evaluated = _command([sys.executable, "-m", "meshbayes.eval", "--gin_file=runs/eval.gin",
                         "--gin_file=tasks/synthetic.gin", f"--gin.MODEL_DIR='{model_dir}'",
                         f"--gin.BATCH_SIZE={batch_size}", "--gin.data.TaskData.max_eval_batches=1",
-                        "--gin.evaluate.decode=False", f"--gin.evaluate.output_dir='{eval_dir}'"],
+                        "--gin.evaluation.DecodeConfig.enabled=False",
+                        f"--gin.evaluation.ReportConfig.output_dir='{eval_dir}'"],
                        timeout)
   metrics = eval_dir / "metrics.json"
   evaluated["metrics"] = json.loads(metrics.read_text()) if metrics.is_file() else None

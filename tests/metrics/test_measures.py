@@ -7,8 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from meshbayes import evaluation_items, metrics, predictive
-from meshbayes.evaluation_items import OodScores, SourceItems
+from meshbayes import metrics, predictive
+from meshbayes.evaluation import items as evaluation_items
+from meshbayes.evaluation.items import OodScores, SourceItems
 from meshbayes.metrics import measures
 from meshbayes.tools import experiment_report, experiment_tables
 

@@ -8,7 +8,7 @@ import pytest
 
 from meshbayes import checkpoints, launch
 from meshbayes.data.pipeline import TaskData
-from meshbayes.inference import restore_params
+from meshbayes.checkpoint_restore import restore_params
 from meshbayes.layers import WeightPosterior
 from meshbayes.models import EncoderDecoderModel, Estimators, TransformerConfig
 from meshbayes.partitioning import Partitioner
@@ -108,8 +108,9 @@ def test_evaluating_an_ivon_run_reports_its_model_average_and_posterior_mean(str
       "--gin_file=runs/eval.gin",
       "--gin_file=tasks/synthetic.gin", f"--gin.MODEL_DIR='{straight}'", "--gin.BATCH_SIZE=16",
       f"--gin.models.EncoderDecoderModel.num_train_units={UNITS}",
-      "--gin.evaluate.decode=False", "--gin.evaluate.num_samples=2",
-      "--gin.data.TaskData.max_eval_batches=1", "--gin.evaluate.bootstrap_resamples=50")
+      "--gin.evaluation.DecodeConfig.enabled=False",
+      "--gin.evaluation.PredictiveConfig.num_samples=2", "--gin.data.TaskData.max_eval_batches=1",
+      "--gin.evaluation.ReportConfig.bootstrap_resamples=50")
   assert code == 0, err[-2000:]
   metrics = json.loads((straight / "eval" / "synthetic_reverse" / "metrics.json").read_text())
   assert metrics["predictives"] == ["model_average", "posterior_mean"]

@@ -248,9 +248,9 @@ def test_eval_and_infer_cannot_give_wrong_answers_or_overwrite_their_input(
   code, out, err = command(capsys, "evaluate", "--gin_file=runs/eval.gin", *common,
                            "--gin.MIXTURE_OR_TASK_NAME='synthetic_copy'",
                            "--gin.models.EncoderDecoderModel.num_train_units=7",
-                           "--gin.evaluate.decode=False",
+                           "--gin.evaluation.DecodeConfig.enabled=False",
                            "--gin.data.TaskData.max_eval_batches=1",
-                           f"--gin.evaluate.output_dir='{out_dir}'")
+                           f"--gin.evaluation.ReportConfig.output_dir='{out_dir}'")
   assert code == 0, err[-2000:]
   assert ("note: the run {} was trained on task 'synthetic_reverse'; evaluating it on "
           "'synthetic_copy' (the same vocabulary) is out-of-distribution").format(trained) in err
@@ -287,7 +287,7 @@ def test_a_run_refuses_another_vocabulary_in_one_line():
   from types import SimpleNamespace
 
   from meshbayes.data import IdVocabulary
-  from meshbayes.inference import check_vocabulary
+  from meshbayes.checkpoint_restore import check_vocabulary
 
   data = SimpleNamespace(task="synthetic_reverse", vocabulary=IdVocabulary(64))
   check_vocabulary({"vocabulary": "IdVocabulary:64"}, data, "runs/a")
@@ -303,16 +303,16 @@ def test_a_run_refuses_another_vocabulary_in_one_line():
 def test_evaluate_infer_and_show_a_trained_run(trained, tmp_path, capsys):
   common = [f"--gin.MODEL_DIR='{trained}'", "--gin.BATCH_SIZE=64",
             "--gin.models.EncoderDecoderModel.num_train_units=450000",
-            "--gin.evaluate.bootstrap_resamples=50"]
+            "--gin.evaluation.ReportConfig.bootstrap_resamples=50"]
   run_files = lambda run: ["--gin_file=models/tiny.gin", f"--gin_file=runs/{run}.gin",
                            "--gin_file=tasks/synthetic.gin"]
   code, out, err = command(capsys, "evaluate", *run_files("eval"), *common,
-                         "--gin.evaluate.decode_method='greedy'",
+                         "--gin.evaluation.DecodeConfig.method='greedy'",
                          "--gin.data.TaskData.max_eval_batches=2",
-                         "--gin.evaluate.ood_shuffled_words=True",
-                         "--gin.evaluate.max_ood_examples=100",
-                         "--gin.evaluate.temperature_scaling=True",
-                         "--gin.evaluate.ood_targets_as_inputs=True")
+                         "--gin.evaluation.OodConfig.shuffled_words=True",
+                         "--gin.evaluation.OodConfig.max_examples=100",
+                         "--gin.evaluation.PredictiveConfig.temperature_scaling=True",
+                         "--gin.evaluation.OodConfig.targets_as_inputs=True")
   assert code == 0, err[-2000:]
   out_dir = trained / "eval" / "synthetic_reverse"
   metrics = json.loads((out_dir / "metrics.json").read_text())
@@ -392,14 +392,16 @@ def test_evaluate_mc_dropout_and_a_deep_ensemble_through_the_command(tmp_path, c
   evaluate = lambda *bindings: command(
       capsys, "evaluate", "--gin_file=runs/eval.gin", "--gin_file=tasks/synthetic.gin",
       f"--gin.MODEL_DIR='{runs[0]}'", "--gin.BATCH_SIZE=64",
-      "--gin.data.TaskData.max_eval_batches=2", "--gin.evaluate.num_samples=2",
-      "--gin.evaluate.decode_method='greedy'", "--gin.evaluate.ood_shuffled_words=True",
-      "--gin.evaluate.max_ood_examples=64", "--gin.evaluate.bootstrap_resamples=50", *bindings,
+      "--gin.data.TaskData.max_eval_batches=2", "--gin.evaluation.PredictiveConfig.num_samples=2",
+      "--gin.evaluation.DecodeConfig.method='greedy'",
+      "--gin.evaluation.OodConfig.shuffled_words=True", "--gin.evaluation.OodConfig.max_examples=64",
+      "--gin.evaluation.ReportConfig.bootstrap_resamples=50", *bindings,
       model_from_model_dir=True)
   out_dir = runs[0] / "eval" / "synthetic_reverse"
   results = {}
-  for name, binding in (("mc_dropout", "--gin.evaluate.method='mc_dropout'"),
-                        ("ensemble", f"--gin.evaluate.ensemble_dirs=['{runs[1]}']")):
+  for name, binding in (("mc_dropout", "--gin.evaluation.PredictiveConfig.method='mc_dropout'"),
+                        ("ensemble",
+                         f"--gin.evaluation.PredictiveConfig.ensemble_dirs=['{runs[1]}']")):
     code, _, err = evaluate(binding)
     assert code == 0, err[-2000:]
     results[name] = json.loads((out_dir / "metrics.json").read_text())
@@ -415,23 +417,29 @@ def test_evaluate_mc_dropout_and_a_deep_ensemble_through_the_command(tmp_path, c
 
 def test_evaluate_a_deterministic_run_by_its_last_layer_laplace(tmp_path, capsys):
   """The Laplace method through ``meshbayes.eval``: fitted on the training split, its prior
-  chosen on validation, reported as a model average; the old MC dropout flag is one line."""
+  chosen on validation, reported as a model average; the old MC dropout flag is one line.
+  The run's config.gin holds what a run trained with the gin files before evaluate's
+  settings were grouped holds (evaluate's former bindings, from a task file): it evaluates."""
   model_dir = tmp_path / "det"
   code, _, err = train(capsys, *train_args(model_dir, 4, kind="deterministic"))
   assert code == 0, err[-2000:]
+  with (model_dir / "config.gin").open("a") as config:
+    config.write("evaluate.ood_files = {'spanish': 'tatoeba/spa-eng/ood_spanish.txt'}\n"
+                 "evaluate.ood_targets_as_inputs = True\nevaluate.num_samples = 4\n")
   evaluate = lambda *bindings: command(
       capsys, "evaluate", "--gin_file=runs/eval.gin", "--gin_file=tasks/synthetic.gin",
       f"--gin.MODEL_DIR='{model_dir}'", "--gin.BATCH_SIZE=64",
-      "--gin.data.TaskData.max_eval_batches=1", "--gin.evaluate.num_samples=2",
-      "--gin.evaluate.decode_method='greedy'", "--gin.evaluate.bootstrap_resamples=20",
+      "--gin.data.TaskData.max_eval_batches=1", "--gin.evaluation.PredictiveConfig.num_samples=2",
+      "--gin.evaluation.DecodeConfig.method='greedy'",
+      "--gin.evaluation.ReportConfig.bootstrap_resamples=20",
       *bindings, model_from_model_dir=True)
-  code, _, err = evaluate("--gin.evaluate.method='laplace'")
+  code, _, err = evaluate("--gin.evaluation.PredictiveConfig.method='laplace'")
   assert code == 0, err[-2000:]
   assert re.search(r"laplace: prior precision \S+ \(validation NLL per token 0.0001: ", err)
   metrics = json.loads((model_dir / "eval" / "synthetic_reverse" / "metrics.json").read_text())
   assert metrics["predictives"] == ["model_average", "posterior_mean"]
   assert 0 <= metrics["token_calibration"]["model_average"]["ece"] <= 1
   code, _, err = evaluate("--gin.evaluate.mc_dropout=True")
-  assert code == 1 and ("evaluate.mc_dropout moved: bind evaluate.method (e.g. --gin.evaluate."
-                        "method=\"'mc_dropout'\"), or drop it for the run as trained"
-                        in err.strip().splitlines()[-1])
+  assert code == 1 and ("evaluate.mc_dropout moved: bind evaluation.PredictiveConfig.method (e.g. "
+                        "--gin.evaluation.PredictiveConfig.method=\"'mc_dropout'\"), or drop it "
+                        "for the run as trained" in err.strip().splitlines()[-1])

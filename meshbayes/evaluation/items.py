@@ -64,7 +64,7 @@ class SourceItems:
       predictive that decoded it.
     num_tokens: ``(n,)`` tokens of each output, EOS included.
     measures: name -> ``(n,)`` uncertainty measures of each output
-      (``predictive_eval.Decoded.measures``).
+      (``predictives.Decoded.measures``).
   """
 
   sources: Sequence[str]

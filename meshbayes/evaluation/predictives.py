@@ -10,7 +10,7 @@
   scores), giving its probability and every uncertainty measure of
   ``meshbayes.predictive``.
 
-The figures made of them are in ``meshbayes.evaluation_items``; the
+The figures made of them are in ``meshbayes.evaluation.items``; the
 definitions in ``meshbayes.metrics``.
 """
 

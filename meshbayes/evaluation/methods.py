@@ -3,7 +3,7 @@ evaluation predicts with.
 
 A method names the training recipe whose runs it predicts with and builds, from
 a restored run, the model and the posterior (``layers.posteriors.Posterior``)
-that evaluation takes in place of the parameters. ``evaluate(method=...)``, the
+that evaluation takes in place of the parameters. ``PredictiveConfig.method``, the
 experiment tool (``tools/experiment_plan.py``: its methods, runs and
 evaluation bindings) and gin read this registry; adding a method is one
 ``register`` of a ``PredictiveMethod``.
@@ -13,7 +13,7 @@ evaluation bindings) and gin read this registry; adding a method is one
 >>> get('dropout')
 Traceback (most recent call last):
 ...
-ValueError: predictive method 'dropout' is not one of deterministic, mc_dropout, ensemble, bayesian, ivon, laplace; did you mean mc_dropout?
+ValueError: predictive method 'dropout' is not one of deterministic, ...; did you mean mc_dropout?
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ class PredictiveMethod:
   """A predictive method.
 
   Attributes:
-    name: the method's name (``evaluate.method``, the experiment's ``--methods``).
+    name: the method's name (``evaluation.PredictiveConfig.method``, the experiment's
+      ``--methods``).
     description: one line on what it predicts with.
     trained_by: the recipe of ``RECIPES`` whose runs it predicts with.
     build: ``build(model, params, inputs) -> (model, posterior)`` from the restored
@@ -158,15 +159,16 @@ def ensemble(model: BaseModel, params: Any, inputs: MethodInputs) -> tuple[BaseM
 
 register(PredictiveMethod(
     "deterministic", "the deterministic run's weights, temperature-scaled too", "deterministic",
-    as_trained, eval_bindings=("evaluate.temperature_scaling=True",),
+    as_trained, eval_bindings=("evaluation.PredictiveConfig.temperature_scaling=True",),
     columns=(("posterior_mean", "deterministic"),
              ("posterior_mean_temperature_scaled", "temperature-scaled"))))
 register(PredictiveMethod(
     "mc_dropout", "S dropout masks of the deterministic run", "deterministic", mc_dropout,
-    eval_bindings=("evaluate.method='mc_dropout'",), columns=(("model_average", "MC dropout"),)))
+    eval_bindings=("evaluation.PredictiveConfig.method='mc_dropout'",),
+    columns=(("model_average", "MC dropout"),)))
 register(PredictiveMethod(
     "ensemble", "the deterministic runs of K seeds, a uniform mixture", "deterministic",
-    ensemble, combines_runs=True, eval_bindings=("evaluate.method='ensemble'",),
+    ensemble, combines_runs=True, eval_bindings=("evaluation.PredictiveConfig.method='ensemble'",),
     columns=(("model_average", "deep ensemble"),)))
 register(PredictiveMethod(
     "bayesian", "the Bayesian layers' posterior (S weight samples)", "bayesian", as_trained,
@@ -177,5 +179,5 @@ register(PredictiveMethod(
     seed_spread=True, columns=(("model_average", "IVON"), ("posterior_mean", "IVON (mean)"))))
 register(PredictiveMethod(
     "laplace", "a last-layer Laplace approximation around the deterministic run",
-    "deterministic", laplace.fit, eval_bindings=("evaluate.method='laplace'",),
+    "deterministic", laplace.fit, eval_bindings=("evaluation.PredictiveConfig.method='laplace'",),
     columns=(("model_average", "last-layer Laplace"),)))
