@@ -35,7 +35,7 @@ from meshbayes.evaluation.settings import DecodeConfig, OodConfig, PredictiveCon
 from meshbayes.evaluation.sources import Sources, group_sources
 from meshbayes.evaluation.teacher_forced import teacher_forced_metrics
 from meshbayes.layers import as_posterior, holds_posterior
-from meshbayes.metrics import measures
+from meshbayes.metrics import measures, token_labels
 from meshbayes.models.base import BaseModel
 from meshbayes.partitioning import Partitioner
 from meshbayes.text_lines import in_batches
@@ -201,7 +201,7 @@ def _figures(run: _Run, batches: list[dict[str, np.ndarray]], sources: Sources,
   result["decoding"], result["intervals"] = {}, {}
   for variant in variants:
     source_items = _source_items(run.data, sources, token_statistics[variant.name],
-                                 records.get(variant.name))
+                                 records.get(variant.name), report.num_bins)
     figures = items.intervals(source_items, report.bootstrap_resamples,
                               num_bins=report.num_bins)
     result["intervals"][variant.name] = items.as_json(figures)
@@ -224,16 +224,24 @@ def _figures(run: _Run, batches: list[dict[str, np.ndarray]], sources: Sources,
 
 
 def _source_items(data: TaskData, sources: Sources, token_statistics: dict[str, np.ndarray],
-                  decoded: list[predictives.Decoded] | None) -> items.SourceItems:
+                  decoded: list[predictives.Decoded] | None, num_bins: int
+                  ) -> items.SourceItems:
   if decoded is None:
     return items.SourceItems(sources.texts, token_statistics)
+  labels = [token_labels.closest_reference_labels(r.output_ids, references)
+            for r, references in zip(decoded, sources.reference_ids)]
+  # Each output token's probability (its EOS's left out); float32 rounding can pass 1.
+  probabilities = [np.clip(np.exp(np.asarray(r.token_log_probs[:len(r.output_ids)])), 0, 1)
+                   for r in decoded]
   return items.SourceItems(
       sources.texts, token_statistics, references=sources.references,
       predictions=[data.vocabulary.decode(list(r.output_ids)) for r in decoded],
       log_probs=np.array([r.log_prob for r in decoded]),
       num_tokens=np.array([r.num_tokens for r in decoded]),
       measures={name: np.array([r.measures[name] for r in decoded])
-                for name in decoded[0].measures})
+                for name in decoded[0].measures},
+      decoded_token_statistics=token_labels.decoded_token_statistics(probabilities, labels,
+                                                                     num_bins))
 
 
 def _decode_sources(run: _Run, sources: Sources, variants: list[Predictive],

@@ -35,7 +35,8 @@ import numpy as np
 from etils import epath
 
 from meshbayes import metrics
-from meshbayes.metrics import bootstrap, rejection, sequence_calibration
+from meshbayes.metrics import (bootstrap, rejection, sequence_calibration, sequence_labels,
+                               token_labels)
 from meshbayes.metrics import measures as registry
 from meshbayes.metrics.bleu import bleu_from_statistics, bleu_statistics
 
@@ -47,6 +48,9 @@ ERROR_MEASURES = registry.ERROR_DETECTION_MEASURES
 # The token-level figures, each token_<key of metrics.token_calibration_metrics>.
 _TOKEN_FIGURES = registry.names(kind=registry.FIGURE, level=registry.TOKEN)
 OOD_SPLIT_SEED = 1
+# Labels a null band draws per figure (and per bootstrap resample): its quantiles to about
+# 1% of the band's width at n = 693.
+NULL_DRAWS = 200
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +69,9 @@ class SourceItems:
     num_tokens: ``(n,)`` tokens of each output, EOS included.
     measures: name -> ``(n,)`` uncertainty measures of each output
       (``predictives.Decoded.measures``).
+    decoded_token_statistics: name -> ``(n, bins)`` calibration sums of each output's
+      decoded tokens, labelled by their alignment to the closest reference
+      (``metrics.token_labels.decoded_token_statistics``); empty when not computed.
   """
 
   sources: Sequence[str]
@@ -74,6 +81,7 @@ class SourceItems:
   log_probs: np.ndarray | None = None
   num_tokens: np.ndarray | None = None
   measures: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+  decoded_token_statistics: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     n = len(self.sources)
@@ -83,7 +91,7 @@ class SourceItems:
       raise ValueError(f"SourceItems: {n} sources, but token statistics of sizes {sizes} or "
                        "only part of the decoded outputs")
     if self.decoded and ({len(x) for x in decoded} | {len(v) for v in self.measures.values()}
-                         ) - {n}:
+                         | {len(v) for v in self.decoded_token_statistics.values()}) - {n}:
       raise ValueError(f"SourceItems: {n} sources, but decoded fields of other lengths")
 
   @property
@@ -102,6 +110,11 @@ class SourceItems:
   def exact_match(self) -> np.ndarray:
     """``(n,)`` whether each output matches one of its references (normalized)."""
     return sequence_calibration.exact_matches(self.predictions, self.references)
+
+  @functools.cached_property
+  def reference_matches(self) -> tuple[np.ndarray, np.ndarray]:
+    """``(n,)`` references each output matches and ``(n,)`` references of its source."""
+    return sequence_labels.reference_match_counts(self.predictions, self.references)
 
   @functools.cached_property
   def bleu_statistics(self) -> np.ndarray:
@@ -145,12 +158,37 @@ def figures(items: SourceItems, index: np.ndarray | None = None,
       probability, items.exact_match[index], num_bins)
   calibration["sequence_ece"] = calibration.pop("ece")
   calibration["abs_probability_gap"] = abs(calibration["probability_gap"])
+  calibration.update(_label_figures(probability, *(x[index] for x in items.reference_matches),
+                                    calibration["sequence_ece"], num_bins))
   error = 1.0 - items.sentence_bleu[index] / 100.0
   result.update(bleu=bleu_from_statistics(items.bleu_statistics[index].sum(0)),
                 mean_sentence_bleu=float(items.sentence_bleu[index].mean()), **calibration)
   for name, values in items.error_measures.items():
     result[registry.family_name(registry.PRR, name)] = rejection.prediction_rejection_ratio(
         error, values[index])
+  if items.decoded_token_statistics:
+    tokens = token_labels.decoded_token_metrics(
+        {k: np.asarray(v)[index] for k, v in items.decoded_token_statistics.items()})
+    result.update(decoded_token_ece=tokens["ece"], decoded_token_accuracy=tokens["accuracy"],
+                  decoded_token_confidence_gap=tokens["confidence_gap"])
+  return result
+
+
+def _label_figures(probability: np.ndarray, matched: np.ndarray, num_references: np.ndarray,
+                   sequence_ece: float, num_bins: int) -> dict[str, float]:
+  """The reference-fraction figures (``metrics.sequence_labels``), and for each sequence ECE
+  the null band of a calibrated model on the same outputs (labels drawn from ``p``, each
+  source's references as draws) and the ECE less the band's mean."""
+  result = sequence_labels.fraction_calibration_figures(probability, matched, num_references,
+                                                        num_bins)
+  for name, ece, label in (("sequence_ece", sequence_labels.two_class_ece, "any"),
+                           ("fraction_ece", sequence_labels.one_sided_ece, "fraction")):
+    band = sequence_labels.null_band(probability, functools.partial(ece, num_bins=num_bins),
+                                     num_draws=NULL_DRAWS, num_references=num_references,
+                                     label=label)
+    observed = sequence_ece if name == "sequence_ece" else result["fraction_ece"]
+    result.update({f"{name}_null_mean": band.mean, f"{name}_null_high": band.high,
+                   f"debiased_{name}": sequence_labels.debiased_ece(observed, band)})
   return result
 
 
@@ -268,7 +306,8 @@ def measure_chosen_on_half(scores: OodScores, ood_set: str,
   (choose_in, report_in), (choose_out, report_out) = halves
   chosen = _resampled(scores.in_domain, choose_in), _resampled(outside, choose_out)
   measures = scores.measures(ood_set)
-  best = max(measures, key=lambda m: (metrics.auroc(chosen[0][m], chosen[1][m]), -measures.index(m)))
+  best = max(measures, key=lambda m: (metrics.auroc(chosen[0][m], chosen[1][m]),
+                                      -measures.index(m)))
   inside, held_out = _resampled(scores.in_domain, report_in), _resampled(outside, report_out)
   interval = bootstrap.bootstrap(
       lambda i, o: {"auroc": metrics.auroc(inside[best][i], held_out[best][o])},
@@ -289,7 +328,9 @@ def write_items(items: SourceItems, directory: str | epath.PathLike, predictive:
   directory = epath.Path(directory)
   with (directory / f"token_statistics_{predictive}.npz").open("wb") as out:
     np.savez(out, sources=np.asarray(items.sources, object).astype(str),
-             **{f"statistic/{k}": np.asarray(v) for k, v in items.token_statistics.items()})
+             **{f"statistic/{k}": np.asarray(v) for k, v in items.token_statistics.items()},
+             **{f"decoded_token/{k}": np.asarray(v)
+                for k, v in items.decoded_token_statistics.items()})
   if not items.decoded:
     return
   lines = []
@@ -314,6 +355,8 @@ def read_items(directory: str | epath.PathLike, predictive: str) -> SourceItems:
     stored = np.load(file)
     sources = [str(s) for s in stored["sources"]]
     statistics = {k.split("/", 1)[1]: stored[k] for k in stored.files if k.startswith("statistic/")}
+    decoded_tokens = {k.split("/", 1)[1]: stored[k] for k in stored.files
+                      if k.startswith("decoded_token/")}
   path = _predictions_path(directory, predictive)
   if not path.exists():
     return SourceItems(sources, statistics)
@@ -323,7 +366,8 @@ def read_items(directory: str | epath.PathLike, predictive: str) -> SourceItems:
   return SourceItems(sources, statistics, [r["references"] for r in records],
                      [r["prediction"] for r in records],
                      np.array([r["log_prob"] for r in records], np.float64),
-                     np.array([r["num_tokens"] for r in records], np.int64), measures)
+                     np.array([r["num_tokens"] for r in records], np.int64), measures,
+                     decoded_tokens)
 
 
 def write_ood_scores(scores: OodScores, directory: str | epath.PathLike) -> None:

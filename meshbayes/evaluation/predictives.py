@@ -189,6 +189,8 @@ class Decoded:
       ``TOKEN_MEASURES``, averaged over its tokens, and ``SEQUENCE_MEASURES``):
       all of them for a model average; the total uncertainties alone for the
       posterior mean.
+    token_log_probs: each scored token's log-probability under the predictive (a
+      temperature's included): the output's tokens, then its EOS.
   """
 
   output_ids: tuple[int, ...]
@@ -197,6 +199,7 @@ class Decoded:
   entropy: float
   mutual_information: float
   measures: Mapping[str, float] = dataclasses.field(default_factory=dict)
+  token_log_probs: tuple[float, ...] = ()
 
 
 def until_eos(ids: Iterable[int], eos_id: int) -> list[int]:
@@ -319,7 +322,8 @@ def decode_and_score(model: BaseModel, params: Any, input_batches: Iterable[np.n
         row_measures = {name: float(value[row]) for name, value in measures.items()}
         records.append(Decoded(tuple(decoded[row]), float(log_probs[row]), int(counts[row]),
                                row_measures["total_uncertainty"],
-                               row_measures.get("mutual_information", 0.0), row_measures))
+                               row_measures.get("mutual_information", 0.0), row_measures,
+                               tuple(map(float, aux["token_log_probs"][row, :counts[row]]))))
   return records
 
 

@@ -30,12 +30,14 @@ class Sources:
     texts: each source's text.
     references: each source's distinct references (texts), in order of appearance.
     row_source: ``(rows,)`` the source of each row of the split's batches (-1: padding).
+    reference_ids: each reference's token ids before EOS, as the batches hold them.
   """
 
   inputs: np.ndarray
   texts: list[str]
   references: list[list[str]]
   row_source: np.ndarray
+  reference_ids: list[list[tuple[int, ...]]] = dataclasses.field(default_factory=list)
 
   def sum_rows(self, per_row: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Per-row arrays summed over each source's rows: ``(n, ...)`` each."""
@@ -62,9 +64,12 @@ def group_sources(batches: Sequence[Mapping[str, np.ndarray]], input_vocabulary:
   row_source = np.full(len(inputs), -1)
   row_source[present] = rank[inverse.ravel()]
   references: list[list[str]] = [[] for _ in order]
+  reference_ids: list[list[tuple[int, ...]]] = [[] for _ in order]
   for row in present:
     reference = _text(targets[row], vocabulary)
     if reference not in references[row_source[row]]:
       references[row_source[row]].append(reference)
+      reference_ids[row_source[row]].append(
+          tuple(predictives.until_eos(targets[row], vocabulary.eos_id)))
   return Sources(unique[order], [_text(ids, input_vocabulary) for ids in unique[order]],
-                 references, row_source)
+                 references, row_source, reference_ids)

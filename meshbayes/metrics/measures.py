@@ -134,6 +134,43 @@ MEASURES = (
             "AUROC of p ranking the outputs that match a reference above the rest"),
     _figure("equal_mass_ece", "sequence equal-mass ECE, exact match (%)", LOWER, SEQUENCE, 100,
             ".2f", "calibration error of p against exact match in 15 equal-mass bins"),
+    _figure("reference_fraction", "reference-fraction match (%)", HIGHER, SEQUENCE, 100, ".1f",
+            "mean fraction of its source's references each output matches: mean q(y) when "
+            "the references are draws from the translations (metrics.sequence_labels)"),
+    _figure("fraction_probability_gap", "sequence probability gap, reference fraction (%)",
+            NEITHER, SEQUENCE, 100, ".2f",
+            "mean p minus the mean reference fraction (positive: overconfident)"),
+    _figure("fraction_ece", "sequence ECE, reference fraction (%)", LOWER, SEQUENCE, 100,
+            ".2f", "one-sided ECE of p against the fraction of references matched, 15 "
+            "equal-width bins of p"),
+    _figure("match_rate_over_probability", "exact-match rate / mean p", NEITHER, SEQUENCE, 1,
+            ".2f", "exact-match rate over mean p: E[1 - (1 - q)^k] / E[q] > 1 for a calibrated "
+            "model with k > 1 references"),
+    _figure("sequence_ece_null_mean", "sequence ECE of a calibrated model, mean (%)", NEITHER,
+            SEQUENCE, 100, ".2f", "mean sequence ECE of labels drawn as 1[Binomial(k, p) > 0] "
+            "on the same outputs (k: the source's references)"),
+    _figure("sequence_ece_null_high", "sequence ECE of a calibrated model, 97.5% (%)", NEITHER,
+            SEQUENCE, 100, ".2f", "97.5% quantile of that null sequence ECE"),
+    _figure("debiased_sequence_ece", "debiased sequence ECE (%)", LOWER, SEQUENCE, 100, ".2f",
+            "sequence ECE minus its null mean (a bias correction; can be negative)"),
+    _figure("fraction_ece_null_mean", "reference-fraction ECE of a calibrated model, mean (%)",
+            NEITHER, SEQUENCE, 100, ".2f", "mean reference-fraction ECE of labels drawn as "
+            "Binomial(k, p) / k on the same outputs"),
+    _figure("fraction_ece_null_high", "reference-fraction ECE of a calibrated model, 97.5% (%)",
+            NEITHER, SEQUENCE, 100, ".2f", "97.5% quantile of that null reference-fraction ECE"),
+    _figure("debiased_fraction_ece", "debiased reference-fraction ECE (%)", LOWER, SEQUENCE,
+            100, ".2f", "reference-fraction ECE minus its null mean (can be negative)"),
+    _figure("decoded_token_ece", "decoded-token ECE, edit-distance labels (%)", LOWER,
+            SEQUENCE, 100, ".2f",
+            "ECE of the decoded tokens' probabilities against whether each is aligned to an "
+            "equal token of its closest reference (Wang et al., 2020; metrics.token_labels)"),
+    _figure("decoded_token_accuracy", "decoded-token accuracy (%)", HIGHER, SEQUENCE, 100,
+            ".1f", "fraction of decoded tokens aligned to an equal token of the closest "
+            "reference"),
+    _figure("decoded_token_confidence_gap", "decoded-token confidence gap (%)", NEITHER,
+            SEQUENCE, 100, ".2f",
+            "mean probability of the decoded tokens minus their accuracy (positive: "
+            "overconfident)"),
     _uncertainty("negative_log_probability", "negative log-probability", OUTPUT,
                  "-log p(y | x) / L of the output y (L tokens, EOS included) under the "
                  "predictive that decoded it"),
@@ -201,13 +238,15 @@ FAMILIES = (
 
 # The run table's figure rows in order (tools/compare_runs.py).
 RUN_TABLE_FIGURES = ("bleu", "exact_match", "mean_probability", "sequence_ece",
-                     "calibration_auroc", "prr_negative_log_probability",
+                     "sequence_ece_null_high", "fraction_ece", "fraction_ece_null_high",
+                     "calibration_auroc", "decoded_token_ece", "prr_negative_log_probability",
                      "prr_mutual_information", "token_ece", "token_weighted_ece", "token_nll",
                      "token_accuracy", "token_brier")
 # The figures the paired-difference and seed tables repeat, in order
 # (tools/experiment_tables.py).
-HEADLINE_FIGURES = ("bleu", "exact_match", "sequence_ece", "calibration_auroc",
-                    "prr_negative_log_probability", "token_ece", "token_nll", "token_brier")
+HEADLINE_FIGURES = ("bleu", "exact_match", "sequence_ece", "fraction_ece", "calibration_auroc",
+                    "decoded_token_ece", "prr_negative_log_probability", "token_ece",
+                    "token_nll", "token_brier")
 # The measures outputs are ranked by for error detection (a prr_ figure each), in the
 # order reports show them.
 ERROR_DETECTION_MEASURES = ("negative_log_probability", "sequence_total_uncertainty",

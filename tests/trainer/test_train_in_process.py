@@ -324,6 +324,10 @@ def test_evaluate_infer_and_show_a_trained_run(trained, tmp_path, capsys):
   fit = metrics["temperature_scaling"]
   assert min(fit["nll"]) <= fit["nll_at_1"] and 0.125 <= fit["temperature"] <= 8
   assert set(metrics["decoding"]) == set(metrics["predictives"])
+  decoded_tokens = metrics["decoding"]["model_average"]
+  assert 0 <= decoded_tokens["decoded_token_ece"] <= 1
+  assert 0 <= decoded_tokens["decoded_token_accuracy"] <= 1
+  assert "decoded_token_ece" in metrics["intervals"]["model_average"]
   assert 0 <= metrics["token_calibration"]["model_average"]["ece"] <= 1
   assert metrics["ood"]["shuffled_words"]["num_examples"] == 100
   assert metrics["ood"]["targets_as_inputs"]["num_examples"] == 100
