@@ -292,8 +292,10 @@ class LastLayerPosterior:
 # (models/transformer/network.py: the final norm; the dropout after it is off at evaluation).
 OUTPUT_KERNEL = ("decoder", "logits_dense", "kernel")
 FEATURES_MODULE = "decoder_norm"
-# Prior precisions tried on validation: 10^-4 ... 10^4, one a decade.
-EVALUATION_PRIOR_PRECISIONS = tuple(float(x) for x in np.logspace(-4, 4, 9))
+# Prior precisions tried on validation: 10^-2 ... 10^8, one a decade. With a vocabulary of
+# thousands, most output columns have almost no curvature: their stddev is the prior's,
+# 1 / sqrt(alpha), so the useful precisions are large (Tatoeba's demo: 10^4 and up).
+EVALUATION_PRIOR_PRECISIONS = tuple(float(x) for x in np.logspace(-2, 8, 11))
 
 
 def _check_fittable(model: Any, params: Any) -> None:
@@ -376,5 +378,9 @@ def fit(model: Any, params: Any, inputs: Any) -> tuple[Any, LastLayerPosterior]:
   print("laplace: prior precision {:g} (validation NLL per token {})".format(
       choice.prior_precision, ", ".join(f"{a:g}: {n:.4f}" for a, n in choice.validation_nlls)),
       file=sys.stderr, flush=True)
+  if choice.prior_precision in (min(EVALUATION_PRIOR_PRECISIONS),
+                                max(EVALUATION_PRIOR_PRECISIONS)):
+    print(f"warning: laplace: the prior precision chosen, {choice.prior_precision:g}, is at the "
+          "edge of the grid searched", file=sys.stderr, flush=True)
   stddev = diagonal_posterior_stddev(sums.diagonal, choice.prior_precision, scale)
   return model, LastLayerPosterior(params, stddev, OUTPUT_KERNEL)

@@ -331,7 +331,8 @@ def test_fit_sums_the_training_curvature_and_picks_the_prior_on_validation(monke
     diagonal = diagonal + laplace.diagonal_ggn_softmax(features, logits,
                                                        batch["decoder_loss_weights"])
     tokens += float(batch["decoder_loss_weights"].sum())
-  line = capsys.readouterr().err.strip().splitlines()[-1]
+  line = next(line for line in capsys.readouterr().err.splitlines()
+              if line.startswith("laplace: prior precision"))
   chosen = float(re.match(r"laplace: prior precision (\S+) ", line).group(1))
   nlls = {float(a): float(n) for a, n in re.findall(r"(\S+): (\d+\.\d+)", line)}
   assert sorted(nlls) == pytest.approx(laplace.EVALUATION_PRIOR_PRECISIONS)

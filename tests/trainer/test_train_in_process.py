@@ -439,7 +439,7 @@ def test_evaluate_a_deterministic_run_by_its_last_layer_laplace(tmp_path, capsys
       *bindings, model_from_model_dir=True)
   code, _, err = evaluate("--gin.evaluation.PredictiveConfig.method='laplace'")
   assert code == 0, err[-2000:]
-  assert re.search(r"laplace: prior precision \S+ \(validation NLL per token 0.0001: ", err)
+  assert re.search(r"laplace: prior precision \S+ \(validation NLL per token 0.01: ", err)
   metrics = json.loads((model_dir / "eval" / "synthetic_reverse" / "metrics.json").read_text())
   assert metrics["predictives"] == ["model_average", "posterior_mean"]
   assert 0 <= metrics["token_calibration"]["model_average"]["ece"] <= 1
