@@ -52,6 +52,13 @@ def positive_ints(owner: str, settings: Any, *names: str, allow_zero: bool = Fal
       positive_int(owner, name, value, allow_zero)
 
 
+def booleans(owner: str, settings: Any, *names: str) -> None:
+  """Raises unless each named field of ``settings`` is True or False (not 0 or 1)."""
+  for name in names:
+    if not isinstance(getattr(settings, name), bool):
+      raise ValueError(f"{owner}: {name}={getattr(settings, name)!r} must be True or False")
+
+
 def positive_numbers(owner: str, settings: Any, *names: str, allow_zero: bool = False) -> None:
   """``positive_number`` on each named field of ``settings``."""
   for name in names:

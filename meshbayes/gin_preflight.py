@@ -292,15 +292,17 @@ def check_moved_names(bindings: Sequence[_Binding]) -> None:
   binding that replaces it, in its own form."""
   for binding in bindings:
     entry_point = binding.selector.rsplit(".", 1)[-1]
-    if binding.is_macro or binding.param not in MOVED_PARAMETERS.get(entry_point, {}) | (
-        REPLACED_EVALUATE_FLAGS if entry_point == "evaluate" else {}):
+    moved = MOVED_PARAMETERS.get(entry_point, {})
+    if binding.is_macro:
       continue
     if entry_point == "evaluate" and binding.param in REPLACED_EVALUATE_FLAGS:
       configurable, param = MOVED_EVALUATE_PARAMETERS["method"]
       value, text = REPLACED_EVALUATE_FLAGS[binding.param], ", or drop it for the run as trained"
-    else:
-      configurable, param = MOVED_PARAMETERS[entry_point][binding.param]
+    elif binding.param in moved:
+      configurable, param = moved[binding.param]
       value, text = binding.value, ""
+    else:
+      continue
     example = _example(binding, configurable, param, value)
     raise ValueError(f"{binding.where}: {binding.selector}.{binding.param} moved: bind "
                      f"{configurable}.{param} (e.g. {example}){text}")

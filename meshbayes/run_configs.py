@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from meshbayes.field_checks import positive_ints, positive_numbers
+from meshbayes.field_checks import booleans, positive_ints, positive_numbers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,10 +44,8 @@ class CheckpointConfig:
   def __post_init__(self):
     positive_ints("CheckpointConfig", self, "period")
     positive_ints("CheckpointConfig", self, "keep", allow_none=True)
-    for name in ("async_save", "initial_from_deterministic", "fallback_on_corrupt"):
-      if not isinstance(getattr(self, name), bool):
-        raise ValueError(f"CheckpointConfig: {name}={getattr(self, name)!r} must be True or "
-                         "False")
+    booleans("CheckpointConfig", self, "async_save", "initial_from_deterministic",
+             "fallback_on_corrupt")
     if self.initial_checkpoint is not None and not isinstance(self.initial_checkpoint, str):
       raise ValueError(f"CheckpointConfig: initial_checkpoint={self.initial_checkpoint!r} must "
                        "be a path (a string) or None")

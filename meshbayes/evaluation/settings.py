@@ -12,16 +12,10 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from meshbayes.evaluation import methods
-from meshbayes.field_checks import positive_ints
+from meshbayes.field_checks import booleans, positive_ints
 from meshbayes.metrics import bootstrap, calibration
 
 DECODE_METHODS = ("beam", "greedy", "sample")
-
-
-def _bools(owner: str, settings: object, *names: str) -> None:
-  for name in names:
-    if not isinstance(getattr(settings, name), bool):
-      raise ValueError(f"{owner}: {name}={getattr(settings, name)!r} must be True or False")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +39,7 @@ class DecodeConfig:
   sample_agreement: bool = False
 
   def __post_init__(self):
-    _bools("DecodeConfig", self, "enabled", "sample_agreement")
+    booleans("DecodeConfig", self, "enabled", "sample_agreement")
     if self.method not in DECODE_METHODS:
       raise ValueError(f"DecodeConfig: method={self.method!r} must be one of "
                        f"{', '.join(DECODE_METHODS)}")
@@ -87,14 +81,13 @@ class PredictiveConfig:
       methods.get(self.method)  # one line naming the registered methods
     positive_ints("PredictiveConfig", self, "num_samples", allow_zero=True)
     positive_ints("PredictiveConfig", self, "seed", allow_zero=True)
-    _bools("PredictiveConfig", self, "temperature_scaling")
+    booleans("PredictiveConfig", self, "temperature_scaling")
     if isinstance(self.ensemble_dirs, str):
       raise ValueError(f"PredictiveConfig: ensemble_dirs={self.ensemble_dirs!r} must be a list "
                        "of run directories, not one string")
     object.__setattr__(self, "ensemble_dirs", tuple(self.ensemble_dirs))
-    name = self.method or ("ensemble" if self.ensemble_dirs else None)
-    if self.ensemble_dirs and not methods.get(name).combines_runs:
-      raise ValueError(f"PredictiveConfig: ensemble_dirs are given but method={name!r} "
+    if self.ensemble_dirs and not methods.get(self.method_name).combines_runs:
+      raise ValueError(f"PredictiveConfig: ensemble_dirs are given but method={self.method!r} "
                        "predicts with one run; drop them or use method='ensemble'")
 
   @property
@@ -125,7 +118,7 @@ class OodConfig:
   def __post_init__(self):
     if not isinstance(self.files, Mapping):
       raise ValueError(f"OodConfig: files={self.files!r} must map set names to text files")
-    _bools("OodConfig", self, "targets_as_inputs", "shuffled_words")
+    booleans("OodConfig", self, "targets_as_inputs", "shuffled_words")
     positive_ints("OodConfig", self, "max_examples")
 
   @property
