@@ -26,6 +26,10 @@ estimate of the sequence-level reverse mutual information with ``y`` drawn
 from the average, which is why the paper introduces that measure (the
 mutual information itself would need outputs drawn from every ``p_s``).
 Everything is length-normalized by ``L``.
+
+Over the ``B`` hypotheses of a beam (``beam_sequence_measures``): the paper's
+importance-weighted estimators (Section 4), each hypothesis weighted by its
+probability normalized over the beam, and length-normalized on its own.
 """
 
 from __future__ import annotations
@@ -36,13 +40,14 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from meshbayes.field_checks import positive_int
+from meshbayes.field_checks import positive_int, positive_number
 from meshbayes.metrics import measures as registry
 
 Array = jax.Array
 # The names of the measures above, as the registry orders them (meshbayes.metrics.measures).
 TOKEN_MEASURES = registry.names(kind=registry.UNCERTAINTY, level=registry.TOKEN)
 SEQUENCE_MEASURES = registry.names(kind=registry.UNCERTAINTY, level=registry.SEQUENCE)
+BEAM_MEASURES = registry.names(kind=registry.UNCERTAINTY, level=registry.BEAM)
 
 
 def sample_outputs(fn: Callable[[Array], Array], key: Array, num_samples: int) -> Array:
@@ -174,3 +179,61 @@ def sequence_measures(sample_log_probs: Array, lengths: Array) -> dict[str, Arra
   data = -jnp.mean(sample_log_probs, axis=0) / lengths
   return {"sequence_total_uncertainty": total, "sequence_data_uncertainty": data,
           "sequence_reverse_mutual_information": data - total}
+
+
+def beam_sequence_measures(sample_log_probs: Array, lengths: Array,
+                           temperature: float = 1.0) -> dict[str, Array]:
+  """``BEAM_MEASURES``: the sequence measures over a beam's ``B`` hypotheses ``y_b``,
+  importance-weighted (Malinin and Gales, ICLR 2021, Section 4).
+
+  With ``P(y) = mean_s P_s(y | x)`` (as in ``sequence_measures``), the weights of the
+  average ``pi_b = P(y_b)^(1/T) / sum_k P(y_k)^(1/T)`` (the paper's importance weights)
+  and of each sample ``w_sb = P_s(y_b)^(1/T) / sum_k P_s(y_k)^(1/T)``, and ``L_b`` the
+  tokens of ``y_b``:
+
+  - ``beam_total_uncertainty = -sum_b pi_b log P(y_b) / L_b``: the paper's ``H_S-IW``
+    (its importance-weighted sequence entropy of the predictive).
+  - ``beam_data_uncertainty = -mean_s sum_b w_sb log P_s(y_b) / L_b``: ``mean_s H[P_s]``,
+    each sample's expectation weighted by its own probabilities.
+  - ``beam_mutual_information``: total minus data uncertainty.
+  - ``beam_epkl = -sum_b pi_b mean_s log P_s(y_b) / L_b`` minus data uncertainty
+    (``mean_{s,s'} KL(P_s || P_s')``; = mutual information + reverse mutual information).
+  - ``beam_reverse_mutual_information = sum_b pi_b (log P(y_b) - mean_s log P_s(y_b)) /
+    L_b``: the paper's ``M_S-IW``.
+
+  At ``T = 1`` with the beam the whole support of every ``P_s``, ``pi_b = P(y_b)`` and
+  ``w_sb = P_s(y_b)``: each is exactly the expectation of its length-normalized
+  definition. With ``B = 1``, total, data and reverse mutual information are
+  ``sequence_measures``'; the mutual information is then minus the reverse one and the
+  EPKL 0 (one hypothesis cannot show where the samples put their mass).
+
+  Args:
+    sample_log_probs: ``[S, ..., B]`` ``log P_s(y_b | x)``. ``-inf`` under every sample
+      marks an absent hypothesis (padding, a repeat), weighted 0; each ``[...]`` needs a
+      present one (else NaN).
+    lengths: ``[..., B]`` tokens of each hypothesis (clipped to at least 1).
+    temperature: ``T`` of the importance weights (1: the probabilities).
+
+  Returns:
+    ``{name: [...]}``.
+  """
+  sample_log_probs, lengths = jnp.asarray(sample_log_probs), jnp.asarray(lengths)
+  if sample_log_probs.ndim < 2 or sample_log_probs.shape[1:] != lengths.shape:
+    raise ValueError(f"beam_sequence_measures: sample_log_probs of shape "
+                     f"{sample_log_probs.shape} and lengths of shape {lengths.shape} must be "
+                     "[S, ..., B] and [..., B]")
+  positive_number("beam_sequence_measures", "temperature", temperature)
+  lengths = jnp.maximum(lengths, 1).astype(jnp.float32)
+
+  def weighted_sum(weights, values):  # sum_b weights * values / L_b; absent ones add 0
+    return jnp.sum(jnp.where(weights > 0, weights * values, 0.0) / lengths, axis=-1)
+
+  average = model_average(sample_log_probs)  # log P(y_b), [..., B]
+  average_weights = jax.nn.softmax(average / temperature, axis=-1)
+  sample_weights = jax.nn.softmax(sample_log_probs / temperature, axis=-1)
+  total = -weighted_sum(average_weights, average)
+  data = -jnp.mean(weighted_sum(sample_weights, sample_log_probs), axis=0)
+  cross = -weighted_sum(average_weights, jnp.mean(sample_log_probs, axis=0))
+  return {"beam_total_uncertainty": total, "beam_data_uncertainty": data,
+          "beam_mutual_information": total - data, "beam_epkl": cross - data,
+          "beam_reverse_mutual_information": cross - total}

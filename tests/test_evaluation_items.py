@@ -1,5 +1,9 @@
-"""Per-source evaluation items: every figure against its direct computation, intervals,
-paired differences, OOD selection on a held-out half, and the files' round trip."""
+"""Per-source evaluation items: every figure against its direct computation (the
+equivalence-class confidence's included), intervals, paired differences, OOD selection on
+a held-out half, and the files' round trip."""
+
+import dataclasses
+import functools
 
 import numpy as np
 import pytest
@@ -7,6 +11,8 @@ import pytest
 from meshbayes import metrics
 from meshbayes.evaluation import items as evaluation_items
 from meshbayes.evaluation.items import OodScores, SourceItems
+from meshbayes.metrics import equivalence, sequence_labels
+from meshbayes.metrics import measures as registry
 
 WORDS = "le chat noir dort sur un tapis rouge ce soir".split()
 
@@ -121,3 +127,93 @@ def test_items_and_ood_scores_survive_their_files(tmp_path):
   assert set(loaded.out_of_domain) == {"x", "y"}
   np.testing.assert_array_equal(loaded.out_of_domain["y"]["a"], np.zeros(4))
   assert evaluation_items.read_ood_scores(tmp_path / "nothing") is None
+
+
+def sampled_items(seed=4, n=48, num_samples=4):
+  """Items with ``num_samples`` hand-made samples per source: the reference, a one-word
+  variant of it (chrF++ near 0.8-0.9), the output itself, or another sentence."""
+  rng = np.random.default_rng(seed)
+  items = make_items(seed, n=n, quality=0.7)
+  samples = []
+  for prediction, references in zip(items.predictions, items.references):
+    variant = references[0].split()
+    variant[rng.integers(len(variant))] = "gris"
+    pool = [references[0], " ".join(variant), prediction, " ".join(rng.choice(WORDS, size=5)),
+            references[0].capitalize() + "."]
+    samples.append([pool[j] for j in rng.integers(len(pool), size=num_samples)])
+  sample_log_probs = np.log(rng.uniform(0.01, 0.3, size=(n, num_samples)))
+  return dataclasses.replace(items, samples=samples, sample_log_probs=sample_log_probs)
+
+
+def direct_equivalence_figures(items, name, index):
+  """The figures of ``name``'s confidence on the items ``index`` picks, from
+  ``metrics.equivalence`` and ``metrics.sequence_labels`` directly."""
+  pick = lambda values: [values[i] for i in index]
+  confidence = equivalence.equivalence_confidences(
+      pick(items.predictions), items.log_probs[index], pick(items.samples),
+      items.sample_log_probs[index], name)
+  matched, counts = equivalence.equivalent_reference_counts(
+      pick(items.predictions), pick(items.references), name)
+  any_label = sequence_labels.any_reference_labels(matched, counts)
+  fraction = sequence_labels.reference_fraction_labels(matched, counts)
+  two_class = functools.partial(sequence_labels.two_class_ece, num_bins=15)
+  one_sided = functools.partial(sequence_labels.one_sided_ece, num_bins=15)
+  any_band = sequence_labels.null_band(confidence, two_class, evaluation_items.NULL_DRAWS,
+                                       num_references=counts, label="any")
+  fraction_band = sequence_labels.null_band(confidence, one_sided, evaluation_items.NULL_DRAWS,
+                                            num_references=counts, label="fraction")
+  return confidence, any_label, {
+      "match_rate": any_label.mean(), "positives": any_label.sum(),
+      "fraction_positives": fraction.sum(), "mean_confidence": confidence.mean(),
+      "confidence_gap": confidence.mean() - any_label.mean(),
+      "sequence_ece": two_class(confidence, any_label),
+      "calibration_auroc": metrics.calibration_auroc(confidence, any_label),
+      "reference_fraction": fraction.mean(),
+      "fraction_confidence_gap": confidence.mean() - fraction.mean(),
+      "fraction_ece": one_sided(confidence, fraction),
+      "sequence_ece_null_mean": any_band.mean, "sequence_ece_null_high": any_band.high,
+      "debiased_sequence_ece": two_class(confidence, any_label) - any_band.mean,
+      "fraction_ece_null_mean": fraction_band.mean, "fraction_ece_null_high": fraction_band.high,
+      "debiased_fraction_ece": one_sided(confidence, fraction) - fraction_band.mean}
+
+
+def test_equivalence_figures_are_the_direct_computations_and_resample_by_source():
+  items = sampled_items()
+  for index in (np.arange(len(items)), np.array([5, 5, 0, 17, 30, 30, 30, 41, 2, 9])):
+    figures = evaluation_items.figures(items, index)
+    for name in equivalence.EQUIVALENCES:
+      confidence, any_label, expected = direct_equivalence_figures(items, name, index)
+      assert np.all(confidence >= np.exp(items.log_probs[index]) - 1e-12)
+      for figure, value in expected.items():
+        assert figures[f"equivalence_{registry.EQUIVALENCE_SLUGS[name]}_{figure}"] == (
+            pytest.approx(value, abs=1e-12, nan_ok=True)), (name, figure)
+  # Looser equivalences give more positives and more confidence, on these items nontrivially.
+  figures = evaluation_items.figures(items)
+  rates = [figures[f"equivalence_{slug}_positives"] for slug in ("exact", "chrf90", "chrf80")]
+  assert 0 < rates[0] < rates[2] < len(items) and rates[0] <= rates[1] <= rates[2]
+  assert (figures["equivalence_exact_mean_confidence"]
+          < figures["equivalence_chrf80_mean_confidence"])
+  # Exact equivalence against any reference is the exact-match label.
+  assert figures["equivalence_exact_match_rate"] == figures["exact_match"]
+  assert figures["exact_match_positives"] == figures["exact_match"] * len(items)
+
+
+def test_equivalence_figures_come_with_samples_only_and_survive_the_files(tmp_path):
+  items = sampled_items(n=16)
+  unsampled = dataclasses.replace(items, samples=None, sample_log_probs=None)
+  assert not any(name.startswith("equivalence_") for name in evaluation_items.figures(unsampled))
+  intervals = evaluation_items.intervals(items, num_resamples=50)
+  assert len([name for name in intervals if name.startswith("equivalence_")]) == 3 * len(
+      registry.EQUIVALENCE_MIRRORED_FIGURES)
+  interval = intervals["equivalence_chrf80_mean_confidence"]
+  assert interval.low <= interval.estimate <= interval.high and interval.low < interval.high
+  evaluation_items.write_items(items, tmp_path, "posterior_mean")
+  again = evaluation_items.read_items(tmp_path, "posterior_mean")
+  assert again.samples == items.samples and not set(again.measures) - set(items.measures)
+  np.testing.assert_array_equal(again.sample_log_probs, items.sample_log_probs)
+  assert evaluation_items.figures(again) == pytest.approx(evaluation_items.figures(items),
+                                                         nan_ok=True)
+  with pytest.raises(ValueError, match="sample counts \\[3, 4\\]"):
+    dataclasses.replace(items, samples=[s[:3] if k else s for k, s in enumerate(items.samples)])
+  with pytest.raises(ValueError, match="go together"):
+    dataclasses.replace(items, samples=None)

@@ -1,5 +1,6 @@
 """The evaluation passes against direct computations with the model's own functions."""
 
+import dataclasses
 import functools
 
 import flax.linen as nn
@@ -225,3 +226,145 @@ def test_options_a_decoding_method_does_not_read_share_its_compiled_programs(set
   decode(method="beam", beam_size=2)
   decode(method="beam", beam_size=3)
   assert predictive_eval._programs.cache_info().misses == 3
+
+
+def independent_beam_measures(params, inputs, key, beam_size):
+  """The beam measures of ``inputs``' beams, each hypothesis scored alone by
+  ``score_batch`` (an empty slot of the beam or a repeat left out)."""
+  unboxed = nn.unbox(params)
+  _, aux = jax.jit(functools.partial(MODEL.predict_batch_with_aux, method="beam",
+                                     beam_size=beam_size, num_samples=2, max_length=LENGTH))(
+      unboxed, {"encoder_input_tokens": inputs}, key)
+  sequences = np.asarray(aux["all_sequences"])
+  score = jax.jit(functools.partial(MODEL.score_batch, num_samples=2))
+  sample_log_probs = np.full((2, len(inputs), beam_size), -np.inf, np.float32)
+  lengths = np.ones((len(inputs), beam_size), np.int32)
+  for row in range(len(inputs)):
+    seen = set()
+    for b in range(beam_size):
+      output = predictive_eval.until_eos(sequences[row, b], EOS)
+      if not sequences[row, b].any() or tuple(output) in seen:
+        continue
+      seen.add(tuple(output))
+      ids = (output + [EOS])[:LENGTH]
+      targets = np.zeros((1, LENGTH), np.int32)
+      targets[0, :len(ids)] = ids
+      lengths[row, b] = len(ids)
+      batch = {"encoder_input_tokens": inputs[row:row + 1], "decoder_target_tokens": targets,
+               "decoder_input_tokens": np.pad(targets[:, :-1], [(0, 0), (1, 0)]),
+               "decoder_loss_weights": (targets > 0).astype(np.float32)}
+      sample_log_probs[:, row, b] = np.asarray(
+          score(unboxed, batch, key)[1]["sample_log_probs"])[:, 0]
+  return predictive.beam_sequence_measures(sample_log_probs, lengths)
+
+
+@pytest.mark.slow  # beam searches of a model average (half a minute)
+def test_beam_measures_score_every_hypothesis_of_the_beam(setup):
+  """With the option, each record has the beam measures of its beam's hypotheses scored
+  under the same weight samples; every other figure is as without it; with one beam,
+  they are the one-hypothesis measures."""
+  partitioner, params, batches = setup
+  inputs = [batches[0]["encoder_input_tokens"]]
+  decode = functools.partial(predictive_eval.decode_and_score, MODEL, params, inputs,
+                             partitioner, predictive_eval.Predictive("model_average", 2),
+                             jax.random.key(1), LENGTH, EOS, method="beam")
+  plain, records = decode(beam_size=3), decode(beam_size=3, beam_measures=True)
+  assert [dataclasses.replace(r, measures={k: v for k, v in r.measures.items()
+                                           if not k.startswith("beam_")}) for r in records
+          ] == plain
+  assert all(set(r.measures) - set(p.measures) == set(predictive.BEAM_MEASURES)
+             for r, p in zip(records, plain))
+  expected = independent_beam_measures(params, inputs[0], jax.random.fold_in(
+      jax.random.key(1), 0), beam_size=3)  # the first batch's key
+  for name in predictive.BEAM_MEASURES:
+    np.testing.assert_allclose([r.measures[name] for r in records], expected[name],
+                               rtol=1e-4, atol=1e-6, err_msg=name)
+  assert any(abs(r.measures["beam_total_uncertainty"] - r.measures["sequence_total_uncertainty"])
+             > 1e-3 for r in records)  # the other hypotheses count
+  for record in decode(beam_size=1, beam_measures=True):
+    for name in ("total_uncertainty", "data_uncertainty", "reverse_mutual_information"):
+      np.testing.assert_allclose(record.measures[f"beam_{name}"],
+                                 record.measures[f"sequence_{name}"], rtol=1e-6, err_msg=name)
+  with pytest.raises(ValueError, match="beam_measures=True needs method='beam', not 'greedy'"):
+    decode(method="greedy", beam_measures=True)
+
+
+def test_the_beam_measures_option_is_checked():
+  from meshbayes.evaluation.settings import PredictiveConfig
+  assert not PredictiveConfig().beam_measures
+  with pytest.raises(ValueError, match="PredictiveConfig: beam_measures=1 must be True or False"):
+    PredictiveConfig(beam_measures=1)
+
+
+def independent_sample_log_probs(params, inputs, samples, key, num_samples, temperature=1.0):
+  """``(rows, K)`` log-probabilities of each row's samples, each scored alone by
+  ``score_batch`` with ``key``."""
+  score = jax.jit(functools.partial(MODEL.score_batch, num_samples=num_samples,
+                                    calibration_temperature=temperature))
+  result = np.zeros((len(samples), len(samples[0])))
+  for row, drawn in enumerate(samples):
+    for k, output in enumerate(drawn):
+      ids = (list(output) + [EOS])[:LENGTH]
+      targets = np.zeros((1, LENGTH), np.int32)
+      targets[0, :len(ids)] = ids
+      batch = {"encoder_input_tokens": inputs[row:row + 1], "decoder_target_tokens": targets,
+               "decoder_input_tokens": np.pad(targets[:, :-1], [(0, 0), (1, 0)]),
+               "decoder_loss_weights": (targets > 0).astype(np.float32)}
+      result[row, k] = float(score(nn.unbox(params), batch, key)[0][0])
+  return result
+
+
+@pytest.mark.parametrize("num_samples", [0, pytest.param(2, marks=pytest.mark.slow)])
+def test_equivalence_samples_are_ancestral_draws_scored_like_the_output(setup, num_samples):
+  """With K, each record has K ancestral samples of its input (the model's own sampler,
+  a key apart from the decode's) whose log-probabilities are score_batch's under the
+  decode's key; a temperature-scaled predictive rescores the same samples at its
+  temperature; without K, every record is as before, byte for byte."""
+  partitioner, params, batches = setup
+  inputs = [batches[0]["encoder_input_tokens"]]
+  variant = predictive_eval.predictives(True, num_samples)[0]
+  decode = functools.partial(predictive_eval.decode_and_score, MODEL, params, inputs,
+                             partitioner, rng=jax.random.key(1), max_length=LENGTH, eos_id=EOS,
+                             method="greedy")
+  plain, records = decode(predictive=variant), decode(predictive=variant, equivalence_samples=3)
+  assert decode(predictive=variant, equivalence_samples=0) == plain
+  assert all(r.samples == () == r.sample_log_probs for r in plain)
+  assert [dataclasses.replace(r, samples=(), sample_log_probs=()) for r in records] == plain
+  key = jax.random.fold_in(jax.random.key(1), 0)  # the first batch's
+  _, aux = jax.jit(functools.partial(
+      MODEL.predict_batch_with_aux, method="sample", num_decodes=3, temperature=1.0,
+      num_samples=num_samples, max_length=LENGTH))(
+          nn.unbox(params), {"encoder_input_tokens": inputs[0]},
+          jax.random.fold_in(key, predictive_eval._EQUIVALENCE_STREAM))
+  drawn = [[tuple(predictive_eval.until_eos(ids, EOS)) for ids in row]
+           for row in np.asarray(aux["all_sequences"])]
+  assert [list(r.samples) for r in records] == drawn
+  assert len({s for r in records for s in r.samples}) > 8  # draws, not one mode per input
+  expected = independent_sample_log_probs(params, inputs[0], drawn, key, num_samples)
+  np.testing.assert_allclose([r.sample_log_probs for r in records], expected, rtol=1e-5)
+  scaled = decode(predictive=variant.temperature_scaled(1.7), equivalence_samples=3,
+                  outputs=[r.output_ids for r in records], samples=[r.samples for r in records])
+  assert [r.samples for r in scaled] == [r.samples for r in records]
+  np.testing.assert_allclose([r.sample_log_probs for r in scaled], independent_sample_log_probs(
+      params, inputs[0], drawn, key, num_samples, temperature=1.7), rtol=1e-5)
+
+
+def test_the_equivalence_samples_option_is_checked(setup):
+  from meshbayes.evaluation.settings import PredictiveConfig
+  assert PredictiveConfig().equivalence_samples == 0
+  assert PredictiveConfig(equivalence_samples=16).equivalence_samples == 16
+  for bad in (-1, 17, 2.0, True):
+    with pytest.raises(ValueError, match=f"PredictiveConfig: equivalence_samples={bad!r} "
+                                         "must be an int from 0 \\(off\\) to 16"):
+      PredictiveConfig(equivalence_samples=bad)
+  partitioner, params, batches = setup
+  decode = functools.partial(predictive_eval.decode_and_score, MODEL, params,
+                             [batches[0]["encoder_input_tokens"]], partitioner,
+                             predictive_eval.Predictive("posterior_mean"), jax.random.key(1),
+                             LENGTH, EOS, method="greedy")
+  with pytest.raises(ValueError, match="equivalence_samples=17 must be from 0 to 16"):
+    decode(equivalence_samples=17)
+  with pytest.raises(ValueError, match="pass outputs too"):
+    decode(equivalence_samples=2, samples=[[(3,), (4,)]] * 8)
+  with pytest.raises(ValueError, match="row 0 has 1 samples, not equivalence_samples=2"):
+    decode(equivalence_samples=2, outputs=[(3,)] * 8, samples=[[(3,)]] * 8)

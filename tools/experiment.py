@@ -18,10 +18,13 @@ Methods, on the same data and architecture for the same number of steps
 
 The Bayesian layers and IVON are trained with ``seeds`` seeds, the deterministic model
 with the ensemble's; each other seed is evaluated at the end of the budget too, for
-the seed spread. The best checkpoint of a run is the one with the lowest validation
-NLL of the trainer's periodic evaluation (the posterior mean's, for a posterior; each
-ensemble member its own). Runs and evaluations already complete are not redone,
-so an interrupted experiment resumes where it stopped. The report
+the seed spread (the report's Student-t intervals over seeds and seed-level tests against
+the deterministic model). Evaluations read the test split's first ``eval_batches``
+batches of 64 pairs, or every test pair (``make experiment``). The best checkpoint of a
+run is the one with the lowest validation NLL of the trainer's periodic evaluation (the
+posterior mean's, for a posterior; each ensemble member its own). Runs and evaluations
+already complete are not redone, so an interrupted experiment resumes where it stopped.
+The report
 (``tools/experiment_report.py``) goes to ``OUT/report.md`` with its figures.
 """
 
@@ -45,21 +48,27 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from meshbayes import host_memory
-from meshbayes.tools.experiment_plan import (METHODS, RECIPES, Budget, best_step, convergence,
-                                             evaluations, read_json, result_dirs,
-                                             validation_curve, write_json)
+from meshbayes.tools.experiment_plan import (ALL_TEST_PAIRS, METHODS, RECIPES, Budget, best_step,
+                                             convergence, evaluations, read_json,
+                                             result_dirs, validation_curve, write_json)
 
 
 PRESETS = {
-    # make experiment: about two and a half hours on 2 CPU cores.
-    "cpu": Budget(train_steps=3000, eval_period=250),
-    # make demo: the same table, smaller.
+    # make experiment: every test pair (all 2,000 test sources; the temperature is fitted
+    # on the whole validation split). About two and a half hours on 2 CPU cores when it
+    # evaluated the first 16 test batches (693 sources); not measured with all sources yet.
+    # Beam-level measures and 8 ancestral samples per source (equivalence-class
+    # confidence), both fixed before the run.
+    "cpu": Budget(train_steps=3000, eval_period=250, eval_batches=ALL_TEST_PAIRS,
+                  beam_measures=True, equivalence_samples=8),
+    # make demo: the same table, smaller (the first 4 test batches, 256 pairs).
     "demo": Budget(train_steps=1000, eval_period=250, eval_batches=4, ood_examples=128,
                    methods=("deterministic", "mc_dropout", "bayesian"), best_checkpoint=False,
                    seeds=1),
     # The test suite: the whole code path in seconds (a tiny model; a task given by --binding).
     "toy": Budget(train_steps=4, eval_period=2, ensemble_size=2, num_samples=2, eval_batches=1,
                   ood_examples=4, decode_method="greedy", seeds=2, bootstrap_resamples=50,
+                  equivalence_samples=2,
                   bindings=(
                       "models.TransformerConfig.emb_dim=16", "models.TransformerConfig.mlp_dim=16",
                       "models.TransformerConfig.num_heads=2",
@@ -266,9 +275,13 @@ class Experiment:
         commands[f"eval {key}"] = ("eval", self._eval_args(
             self.out / "runs" / spec["run"], result_dir, "evaluate.split='test'",
             f"evaluate.checkpoint_step={spec['step']}",
+            # None (ALL_TEST_PAIRS): no limit, every test pair.
             f"data.TaskData.max_eval_batches={budget.eval_batches}",
             f"evaluation.OodConfig.max_examples={budget.ood_examples}",
-            f"evaluation.DecodeConfig.method='{budget.decode_method}'", *spec["extra"]))
+            f"evaluation.DecodeConfig.method='{budget.decode_method}'",
+            f"evaluation.PredictiveConfig.beam_measures={budget.beam_measures}",
+            f"evaluation.PredictiveConfig.equivalence_samples={budget.equivalence_samples}",
+            *spec["extra"]))
     self._run_all(commands)
     return results
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from meshbayes.evaluation import methods as predictive_methods
-from meshbayes.field_checks import positive_ints
+from meshbayes.field_checks import is_int, positive_ints
 from meshbayes.posterior_diagnostics import MEDIAN_PREFIX, relative_change
 
 # The predictive methods (meshbayes.evaluation.methods: the runs each evaluates).
@@ -30,6 +30,9 @@ METHODS = predictive_methods.names()
 # The gin file of each training recipe the methods evaluate.
 RECIPES = {recipe: f"uncertainty/{recipe}.gin" for recipe in predictive_methods.RECIPES}
 CHECKPOINTS = ("final", "best")
+# ``Budget.eval_batches`` of an evaluation of every test pair (``data.TaskData.
+# max_eval_batches=None``: no limit).
+ALL_TEST_PAIRS = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,8 +45,12 @@ class Budget:
       checkpoint (the candidates for the best checkpoint).
     ensemble_size: members of the deep ensemble (the deterministic run is one).
     num_samples: posterior samples (weight samples, dropout masks) per prediction.
-    eval_batches: test batches of 64 pairs evaluated (and validation batches the
-      temperature is fitted on).
+    eval_batches: test batches of 64 pairs evaluated; None (``ALL_TEST_PAIRS``): every
+      test pair, so every one of the split's sources. One binding,
+      ``data.TaskData.max_eval_batches``, so it also bounds what an evaluation reads of
+      the other splits: the validation batches the temperature is fitted on (None: the
+      whole validation split, the test split's size) and the Laplace approximation's
+      training (curvature) and validation (prior precision) batches.
     ood_examples: inputs per out-of-distribution set (and in-domain sources).
     methods: the methods compared.
     best_checkpoint: also evaluate each method at its best validation checkpoint.
@@ -55,13 +62,17 @@ class Budget:
       ``<method>_seed1``, ...); the deterministic model's seed spread comes from
       the ensemble's members.
     bootstrap_resamples: resamples of every interval (evaluations and report).
+    beam_measures: also the importance-weighted uncertainty measures over the beam's
+      hypotheses (``evaluation.PredictiveConfig.beam_measures``; beam decoding only).
+    equivalence_samples: ancestral samples per test source for the equivalence-class
+      sequence confidence (``evaluation.PredictiveConfig.equivalence_samples``; 0: none).
   """
 
   train_steps: int
   eval_period: int
   ensemble_size: int = 4
   num_samples: int = 4
-  eval_batches: int = 16
+  eval_batches: int | None = ALL_TEST_PAIRS
   ood_examples: int = 512
   methods: tuple[str, ...] = METHODS
   best_checkpoint: bool = True
@@ -70,16 +81,28 @@ class Budget:
   decode_method: str = "beam"
   seeds: int = 3
   bootstrap_resamples: int = 1000
+  beam_measures: bool = False
+  equivalence_samples: int = 0
 
   def __post_init__(self):
-    positive_ints("Budget", self, "train_steps", "eval_period", "num_samples", "eval_batches",
-                  "ood_examples", "seeds", "bootstrap_resamples")
+    positive_ints("Budget", self, "train_steps", "eval_period", "num_samples", "ood_examples",
+                  "seeds", "bootstrap_resamples")
+    if self.eval_batches is not ALL_TEST_PAIRS and not (
+        is_int(self.eval_batches) and self.eval_batches >= 1):
+      raise ValueError(f"Budget: eval_batches={self.eval_batches!r} must be a positive int "
+                       "or None (every test pair)")
     unknown = [m for m in self.methods if m not in predictive_methods.names()]
     if unknown or not self.methods:
       raise ValueError(f"Budget: methods={self.methods!r}: each must be one of "
                        f"{', '.join(predictive_methods.names())}")
     if self.decode_method not in ("beam", "greedy"):
       raise ValueError(f"Budget: decode_method={self.decode_method!r} must be beam or greedy")
+    if not (is_int(self.equivalence_samples) and 0 <= self.equivalence_samples <= 16):
+      raise ValueError(f"Budget: equivalence_samples={self.equivalence_samples!r} must be an "
+                       "int from 0 (none) to 16")
+    if self.beam_measures and self.decode_method != "beam":
+      raise ValueError(f"Budget: beam_measures=True needs decode_method='beam', not "
+                       f"{self.decode_method!r}")
     combining = [m for m in self.methods if predictive_methods.get(m).combines_runs]
     if combining and not self.ensemble_size >= 2:
       raise ValueError(f"Budget: ensemble_size={self.ensemble_size!r} must be at least 2 "

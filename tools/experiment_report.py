@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -38,10 +39,13 @@ LAYER_KINDS = (("norm", "_norm/"), ("cross_attention", "encoder_decoder_attentio
                ("self_attention", "attention/"), ("mlp", "mlp/"), ("embedding", "embedder/"),
                ("logits", "logits"), ("relative_positions", "relpos"))
 QUANTILES = (0.05, 0.5, 0.95)
-# Runs of other seeds by method: column title -> (the first seed's method, predictive).
-SEED_GROUPS = {"deterministic": ("deterministic", "posterior_mean"),
-               "Bayesian layers (S=4)": ("bayesian", "model_average"),
-               "IVON (S=4)": ("ivon", "model_average")}
+# Columns whose other training seeds are evaluated too: column title -> (the method of
+# seed 0's evaluation, predictive): the deterministic model (its other seeds are the
+# ensemble's members) and every column of a method trained at several seeds.
+SEED_GROUPS = {"deterministic": ("deterministic", "posterior_mean"), **{
+    title: (name, predictive) for name in predictive_methods.names()
+    if predictive_methods.get(name).seed_spread
+    for predictive, title in predictive_methods.get(name).columns}}
 
 
 def layer_kind(name: str) -> str:
@@ -218,16 +222,49 @@ def _convergence_table(runs: Path, names: Sequence[str]) -> tuple[str, dict[str,
   return "\n".join(lines), {k: v for k, v in summary.items() if v}
 
 
-def _seed_groups(results: Mapping[str, Path]) -> dict[str, list[Path]]:
-  """Each method's evaluations of all of its seeds at the end of the budget (the first
-  seed's own evaluation first), for the methods with more than one."""
+def _seed_groups(results: Mapping[str, Path]) -> dict[str, dict[int, Path]]:
+  """Each ``SEED_GROUPS`` column's evaluations at the end of the budget by seed number
+  (seed 0: the method's own evaluation; seed k: run ``<recipe>_seed<k>``'s), for the
+  columns with more than one seed."""
   groups = {}
   for title, (method, _) in SEED_GROUPS.items():
     first = results.get(f"{method}@final")
-    others = [results[key] for key in sorted(results) if key.startswith(f"{method}_seed")]
+    recipe = predictive_methods.get(method).trained_by
+    others = {int(match[1]): directory for key, directory in results.items()
+              if (match := re.fullmatch(rf"{recipe}_seed(\d+)@final", key))}
     if first is not None and others:
-      groups[title] = [first, *others]
+      groups[title] = {0: first, **dict(sorted(others.items()))}
   return groups
+
+
+def _seed_section(results: Mapping[str, Path], summary: dict[str, Any]) -> list[str]:
+  """The report's section on training seeds: each column's seed 0 beside its mean over
+  seeds, and the seed-level differences against the deterministic model (none without a
+  column of several seeds)."""
+  groups = _seed_groups(results)
+  if not groups:
+    return []
+  values = experiment_tables.seed_values(groups, {t: SEED_GROUPS[t][1] for t in groups})
+  spread, means = experiment_tables.seed_table(_columns(results, "final"), values)
+  tests, differences = experiment_tables.seed_difference_table(values)
+  summary["seeds"] = {"means": means, "differences": differences}
+  section = ["## Training seeds (end of the budget)", "",
+             "Seed 0: the run the tables above report, with its 95% bootstrap interval over "
+             "test sources (how much the figure moves with the test set). Mean of seeds: the "
+             "mean over the column's training runs of seeds 0, 1, ... with its Student-t 95% "
+             "interval, t(0.975, n - 1) s / sqrt(n) for n seeds (how much it moves with the "
+             "training seed). A single realization (one run, or the deep ensemble, which "
+             "mixes every seed) has no interval over seeds.", "", spread, ""]
+  if tests:
+    section += ["### Seed-level differences against the deterministic model", "",
+                "The mean over a column's seeds minus the deterministic model's (its seeds: "
+                "the deep ensemble's members), with Welch's t interval (unequal variances, "
+                "Welch-Satterthwaite df; every seed of each side) and the paired t interval "
+                "over the seed numbers both have (seed k of every recipe is trained on the "
+                "same batches in the same order: SEED sets the data order), each with its "
+                "two-sided p-value: better or worse when the interval excludes 0.", "",
+                tests, ""]
+  return section
 
 
 def write(out: Path, budget: Budget, results: Mapping[str, Path]) -> Path:
@@ -235,8 +272,16 @@ def write(out: Path, budget: Budget, results: Mapping[str, Path]) -> Path:
   runs, figures = out / "runs", out / "figures"
   figures.mkdir(exist_ok=True)
   costs = read_json(out / "costs.json")
+  evaluated = next((read_json(d / "metrics.json") for k, d in results.items()
+                    if k.endswith("@final")), {})
+  split = ("the whole test split" if budget.eval_batches is None
+           else f"the test split's first {budget.eval_batches} "
+                f"batch{'es' if budget.eval_batches > 1 else ''} of 64 pairs")
+  if "num_sources" in evaluated:
+    split += f": {evaluated['num_sources']:,} sources, {evaluated['num_pairs']:,} pairs"
   sections = [f"# The uncertainty experiment ({budget.train_steps} steps per run)", "",
-              "Every cell: the figure on the test sources and its 95% bootstrap interval "
+              f"Every cell: the figure on the test sources ({split}) and its 95% bootstrap "
+              "interval "
               f"({budget.bootstrap_resamples:,} resamples of the sources; OOD: of the in- and "
               "out-of-distribution inputs).", ""]
   summary: dict[str, Any] = {"tables": {}, "paired": {}, "ood_chosen_on_half": {},
@@ -279,11 +324,7 @@ def write(out: Path, budget: Budget, results: Mapping[str, Path]) -> Path:
     sections += [f"![reliability](figures/reliability_{checkpoint}.png)",
                  f"![OOD AUROC](figures/ood_{checkpoint}.png)",
                  f"![rejection curves](figures/rejection_{checkpoint}.png)", ""]
-  groups = _seed_groups(results)
-  if groups:
-    seeds, summary["seeds"] = experiment_tables.seed_table(
-        groups, {title: SEED_GROUPS[title][1] for title in groups})
-    sections += ["## The spread over training seeds (end of the budget)", "", seeds, ""]
+  sections += _seed_section(results, summary)
   plot_curves(runs, figures / "curves.png")
   sections += ["## Training curves", "", "![curves](figures/curves.png)", "",
                "Best validation step per run: " + ", ".join(

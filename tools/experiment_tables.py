@@ -1,22 +1,26 @@
 """The experiment report's comparisons, each figure with its interval: paired differences
 against the deterministic model, error detection, OOD detection by measures fixed in
-advance and by a measure chosen on held-out inputs, and the spread over seeds.
+advance and by a measure chosen on held-out inputs, and the spread over training seeds
+with Student-t intervals and seed-level tests against the deterministic model.
 
-Every function takes ``compare_runs.Column``s (an evaluation's predictive and its
-directory) and returns ``(markdown, summary)``, the summary for ``report.json``. The
-bootstrap's resamples are over test sources (and over OOD inputs), ``num_resamples`` of
-them with a fixed seed, the same for both sides of a paired difference
-(``meshbayes.evaluation.items``). Labels, formats and directions are the registry's
+Every table function takes ``compare_runs.Column``s (an evaluation's predictive and its
+directory) or, over seeds, ``seed_values``' figures of each seed, and returns
+``(markdown, summary)``, the summary for ``report.json``. The bootstrap's resamples are
+over test sources (and over OOD inputs), ``num_resamples`` of them with a fixed seed, the
+same for both sides of a paired difference (``meshbayes.evaluation.items``). Labels, formats and directions are the registry's
 (``meshbayes.metrics.measures``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy import stats  # a dependency of jax's
 
 from meshbayes import metrics
 from meshbayes.evaluation import items as evaluation_items
@@ -133,37 +137,244 @@ def ood_table(cols: Sequence[Column], num_resamples: int = bootstrap.DEFAULT_RES
   return "\n".join(lines), summary
 
 
-def seed_table(groups: Mapping[str, Sequence[Path]], predictives: Mapping[str, str]
-               ) -> tuple[str, dict[str, Any]]:
-  """Per method (``groups``: title -> its seeds' evaluation directories, ``predictives``:
-  title -> the predictive reported), the mean and range over seeds of the headline
-  figures and of the OOD AUROCs by total uncertainty."""
-  values: dict[str, dict[str, list[float]]] = {}
+# Intervals over training seeds. A method's seeds are a handful of independent training
+# runs: a Student-t interval over them says how much a figure moves with the seed, which
+# the bootstrap over test sources of one run cannot.
+
+
+@dataclasses.dataclass(frozen=True)
+class SeedInterval:
+  """A mean over training seeds, or a difference of two, with its Student-t interval.
+
+  Attributes:
+    estimate: the mean (the difference of means).
+    low: lower end of the interval.
+    high: upper end.
+    df: the t distribution's degrees of freedom (seeds - 1; Welch-Satterthwaite's for a
+      Welch difference; NaN when neither side varies).
+    p_value: two-sided p-value of a true value of 0 (NaN when no seed differs).
+    seed_counts: how many seeds it is over, ``(n,)``; a Welch difference's each side's,
+      ``(n_a, n_b)``.
+  """
+
+  estimate: float
+  low: float
+  high: float
+  df: float
+  p_value: float
+  seed_counts: tuple[int, ...]
+
+  def as_dict(self) -> dict[str, Any]:
+    return {**dataclasses.asdict(self), "seed_counts": list(self.seed_counts)}
+
+  def interval(self) -> bootstrap.Interval:
+    """The estimate and ends alone (``bootstrap.verdict`` reads them)."""
+    return bootstrap.Interval(self.estimate, self.low, self.high)
+
+
+def _checked_values(owner: str, values: Sequence[float]) -> np.ndarray:
+  array = np.asarray(values, np.float64)
+  if array.ndim != 1 or array.size < 2 or not np.all(np.isfinite(array)):
+    raise ValueError(f"{owner}: values={list(values)!r} must be at least 2 finite numbers "
+                     "(one per seed)")
+  return array
+
+
+def _student_t(owner: str, estimate: float, standard_error: float, df: float, level: float,
+               seed_counts: tuple[int, ...]) -> SeedInterval:
+  if not 0.0 < level < 1.0:
+    raise ValueError(f"{owner}: level={level!r} must be in (0, 1)")
+  if standard_error == 0.0:  # every seed the same: no spread to draw an interval from
+    return SeedInterval(estimate, estimate, estimate, df, math.nan, seed_counts)
+  half_width = float(stats.t.ppf(0.5 + level / 2, df)) * standard_error
+  p_value = 2.0 * float(stats.t.sf(abs(estimate) / standard_error, df))
+  return SeedInterval(estimate, estimate - half_width, estimate + half_width, df, p_value,
+                      seed_counts)
+
+
+def t_interval(values: Sequence[float], level: float = bootstrap.DEFAULT_LEVEL) -> SeedInterval:
+  """The mean of ``values`` (one per seed) with its Student-t interval, ``n - 1`` df:
+  ``mean +- t_{(1 + level) / 2, n - 1} s / sqrt(n)``.
+
+  >>> t_interval([1.0, 2.0, 3.0, 4.0]).interval().format(".3f")
+  '2.500 [0.446, 4.554]'
+  """
+  array = _checked_values("t_interval", values)
+  return _student_t("t_interval", float(array.mean()),
+                    float(array.std(ddof=1) / math.sqrt(array.size)), array.size - 1.0, level,
+                    (array.size,))
+
+
+def welch_interval(a: Sequence[float], b: Sequence[float],
+                   level: float = bootstrap.DEFAULT_LEVEL) -> SeedInterval:
+  """``mean(a) - mean(b)`` with Welch's t interval (unequal variances; the degrees of
+  freedom by Welch-Satterthwaite: ``(va + vb)^2 / (va^2 / (n_a - 1) + vb^2 / (n_b - 1))``
+  with ``v = s^2 / n``) and its two-sided p-value."""
+  a, b = _checked_values("welch_interval", a), _checked_values("welch_interval", b)
+  va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
+  spread = va + vb
+  df = (spread**2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1)) if spread > 0
+        else math.nan)
+  return _student_t("welch_interval", float(a.mean() - b.mean()), float(math.sqrt(spread)),
+                    float(df), level, (a.size, b.size))
+
+
+def paired_t_interval(a: Mapping[int, float], b: Mapping[int, float],
+                      level: float = bootstrap.DEFAULT_LEVEL) -> SeedInterval:
+  """The mean of ``a[k] - b[k]`` over the seeds ``k`` both have (``{seed: value}`` each),
+  with its Student-t interval (common seeds - 1 df) and two-sided p-value."""
+  common = sorted(set(a) & set(b))
+  if len(common) < 2:
+    raise ValueError(f"paired_t_interval: seeds {sorted(a)} and {sorted(b)} must share at "
+                     "least 2")
+  return t_interval([a[k] - b[k] for k in common], level)
+
+
+def _figures(names: Sequence[str]) -> list[tuple[str, str, float, str]]:
+  """``(label, name, scale, format)`` of the headline figures and the OOD AUROCs by total
+  uncertainty (``ood/<set>``) among ``names``, in report order."""
   auroc = _auroc("total_uncertainty")
-  for title, directories in groups.items():
-    for directory in directories:
-      run_metrics, _ = compare_runs.load(directory, "")
-      figures = run_metrics["intervals"][predictives[title]]
-      found = values.setdefault(title, {})
-      for name in registry.HEADLINE_FIGURES:
-        if name in figures and figures[name]["estimate"] is not None and np.isfinite(
-            figures[name]["estimate"]):
-          found.setdefault(name, []).append(figures[name]["estimate"])
-      for ood_set, entry in run_metrics.get("ood", {}).items():
-        if auroc.name in entry:
-          found.setdefault(f"ood/{ood_set}", []).append(entry[auroc.name])
-  titles = list(values)
-  lines = _header("mean (lowest to highest) over seeds", [
-      f"{t} ({len(groups[t])} seeds)" for t in titles])
-  rows = [(f.label, f.name, f.scale, f.format_spec)
-          for f in map(registry.get, registry.HEADLINE_FIGURES)] + [
+  return [(f.label, f.name, f.scale, f.format_spec)
+          for f in map(registry.get, registry.HEADLINE_FIGURES) if f.name in names] + [
       (f"OOD {name[4:]}: AUROC by total uncertainty", name, auroc.scale, auroc.format_spec)
-      for name in sorted({n for v in values.values() for n in v if n.startswith("ood/")})]
-  for label, name, scale, spec in rows:
-    cells = [f"{np.mean(v) * scale:{spec}} ({min(v) * scale:{spec}} to {max(v) * scale:{spec}})"
-             if (v := values[t].get(name)) else "-" for t in titles]
-    lines.append(f"| {label} | " + " | ".join(cells) + " |")
-  return "\n".join(lines), values
+      for name in sorted(n for n in names if n.startswith("ood/"))]
+
+
+def seed_values(groups: Mapping[str, Mapping[int, Path]], predictives: Mapping[str, str]
+                ) -> dict[str, dict[str, dict[int, float]]]:
+  """``{title: {figure: {seed: value}}}``: each seed's headline figures (and, for an
+  evaluation's headline predictive, its OOD AUROCs by total uncertainty, as ``ood/<set>``)
+  read from ``groups`` (title -> ``{seed: evaluation directory}``), of the predictive
+  ``predictives[title]``; undefined figures (null, NaN) are left out."""
+  auroc = _auroc("total_uncertainty")
+  values: dict[str, dict[str, dict[int, float]]] = {}
+  for title, directories in groups.items():
+    found = values.setdefault(title, {})
+    for seed, directory in sorted(directories.items()):
+      run_metrics, _ = compare_runs.load(directory, "")
+      predictive = predictives[title]
+      if predictive not in run_metrics["predictives"]:
+        continue
+      figures = run_metrics["intervals"][predictive]
+      for name in registry.HEADLINE_FIGURES:
+        value = figures.get(name, {}).get("estimate")
+        if value is not None and np.isfinite(value):
+          found.setdefault(name, {})[seed] = float(value)
+      if predictive == run_metrics["predictives"][0]:  # OOD is scored by the headline
+        for ood_set, entry in run_metrics.get("ood", {}).items():
+          if entry.get(auroc.name) is not None and np.isfinite(entry[auroc.name]):
+            found.setdefault(f"ood/{ood_set}", {})[seed] = float(entry[auroc.name])
+  return values
+
+
+def _seed_zero(col: Column, name: str) -> dict[str, float] | None:
+  """A column's own figure ``name`` with its bootstrap interval over test sources."""
+  if name.startswith("ood/"):
+    if not col.is_headline:
+      return None
+    return col.metrics.get("ood_intervals", {}).get(name[4:], {}).get(
+        _auroc("total_uncertainty").name)
+  return col.metrics["intervals"][col.predictive].get(name)
+
+
+def _seed_count(figures: Mapping[str, Mapping[int, float]]) -> int:
+  return len({seed for by_seed in figures.values() for seed in by_seed})
+
+
+def seed_table(cols: Sequence[Column], values: Mapping[str, Mapping[str, Mapping[int, float]]],
+               level: float = bootstrap.DEFAULT_LEVEL) -> tuple[str, dict[str, Any]]:
+  """Per column (``cols``: the final checkpoint's), each headline figure of seed 0's run
+  with its bootstrap interval over test sources, and beside it the mean over the column's
+  training seeds (``values``: ``seed_values``) with a Student-t interval, seeds - 1 df. A
+  column with one seed (the deep ensemble mixes all of them; MC dropout, temperature
+  scaling and the Laplace approximation are of seed 0's run) says it is a single
+  realization instead."""
+  names = {n for figures in values.values() for n in figures} | set(
+      registry.HEADLINE_FIGURES) | {f"ood/{s}" for c in cols if c.is_headline
+                                    for s in c.metrics.get("ood_intervals", {})}
+  titles = []
+  for c in cols:
+    seeds = _seed_count(values.get(c.title, {}))
+    titles.append(f"{c.title} ({seeds} seeds; t, {seeds - 1} df)" if seeds >= 2
+                  else f"{c.title} (single realization)")
+  lines = _header(f"seed 0: bootstrap {level:.0%} interval over test sources; mean of seeds: "
+                  f"Student-t {level:.0%} interval", titles)
+  summary: dict[str, Any] = {}
+  for label, name, scale, spec in _figures(sorted(names)):
+    own, spread = [], []
+    for c in cols:
+      by_seed = values.get(c.title, {}).get(name, {})
+      seed_zero = _seed_zero(c, name)
+      own.append(compare_runs.interval_text(seed_zero, scale, spec))
+      entry = summary.setdefault(c.title, {}).setdefault(name, {"seed_0": seed_zero})
+      if len(by_seed) >= 2:
+        mean = t_interval(list(by_seed.values()), level)
+        spread.append(mean.interval().format(spec, scale))
+        entry.update(seeds={str(k): v for k, v in by_seed.items()}, mean=mean.as_dict())
+      else:
+        spread.append("single realization" if _seed_count(values.get(c.title, {})) < 2
+                      else "-")
+    if any(cell != "-" for cell in own + spread):
+      lines.append(f"| {label}, seed 0 | " + " | ".join(own) + " |")
+      lines.append(f"| {label}, mean of seeds | " + " | ".join(spread) + " |")
+  return "\n".join(lines), summary
+
+
+def seed_difference_table(values: Mapping[str, Mapping[str, Mapping[int, float]]],
+                          level: float = bootstrap.DEFAULT_LEVEL
+                          ) -> tuple[str, dict[str, Any]]:
+  """Each column with several seeds minus the deterministic model (``values``:
+  ``seed_values``; its seeds are the deep ensemble's members), per headline figure: the
+  difference of the means over seeds with Welch's t interval (Welch-Satterthwaite df) and
+  with the paired t interval over the seed numbers both have, each with a two-sided p-value.
+
+  Pairing by seed number is a real pairing here: SEED sets every recipe's training-data
+  order (``data.TaskData.seed``, ``translation.shuffled_epochs``; every recipe has
+  ``uncertainty/base.gin``'s batch size) and its initialization and noise keys
+  (``train.seed``), so seed k of two methods were trained on the same batches in the same
+  order; the paired interval takes out what that order does to both. Welch's assumes
+  nothing of the pairing and uses every seed of each side.
+  """
+  base = values.get(BASELINE, {})
+  others = [t for t, figures in values.items() if t != BASELINE and _seed_count(figures) >= 2]
+  if _seed_count(base) < 2 or not others:
+    return "", {}
+  lines = _header(f"mean over seeds minus {BASELINE}'s: difference [{level:.0%} interval]",
+                  others)
+  summary: dict[str, Any] = {}
+  for label, name, scale, spec in _figures(sorted({n for t in others for n in values[t]})):
+    welch, paired = [], []
+    # Which way is better: the registry's, the AUROC's for an OOD set.
+    measure = _auroc("total_uncertainty").name if name.startswith("ood/") else name
+    for title in others:
+      a, b = values[title].get(name, {}), base.get(name, {})
+      if len(a) < 2 or len(b) < 2:
+        welch.append("-")
+        paired.append("-")
+        continue
+      entry = summary.setdefault(title, {}).setdefault(name, {})
+      test = welch_interval(list(a.values()), list(b.values()), level)
+      entry["welch"] = test.as_dict()
+      welch.append(f"{_signed(test.interval(), scale, spec)}{_verdict(measure, test.interval())}"
+                   f" ({test.seed_counts[0]} vs {test.seed_counts[1]} seeds, df "
+                   f"{_number(test.df, '.1f')}, p={_number(test.p_value, '.2g')})")
+      if len(set(a) & set(b)) >= 2:
+        test = paired_t_interval(a, b, level)
+        entry["paired"] = test.as_dict()
+        paired.append(f"{_signed(test.interval(), scale, spec)}"
+                      f"{_verdict(measure, test.interval())} ({test.seed_counts[0]} seeds, df "
+                      f"{test.df:.0f}, p={_number(test.p_value, '.2g')})")
+      else:
+        paired.append("-")
+    if any(cell != "-" for cell in welch):
+      lines.append(f"| {label}, Welch | " + " | ".join(welch) + " |")
+      lines.append(f"| {label}, paired by seed | " + " | ".join(paired) + " |")
+  return "\n".join(lines), summary
+
+
+def _number(value: float, spec: str) -> str:
+  """``value`` formatted, or ``-`` where it is NaN (no spread over seeds: no test)."""
+  return "-" if math.isnan(value) else format(value, spec)
 
 
 def plot_rejection(cols: Sequence[Column], path: Path,

@@ -86,6 +86,9 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
   """
   _check_settings(decoding=(decoding, DecodeConfig), predictive=(predictive, PredictiveConfig),
                   ood_sets=(ood_sets, OodConfig), report=(report, ReportConfig))
+  if predictive.beam_measures and decoding.enabled and decoding.method != "beam":
+    raise ValueError(f"evaluate: PredictiveConfig.beam_measures=True needs "
+                     f"DecodeConfig.method='beam', not {decoding.method!r}")
   partitioner = partitioner or Partitioner()
   model, params, step = _restored(model_dir, model, data, partitioner, checkpoint_step,
                                   predictive)
@@ -114,7 +117,8 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
                 num_references=sum(map(len, sources.references)))
   out_dir = epath.Path(report.output_dir or epath.Path(model_dir) / "eval" / data.task)
   out_dir.mkdir(parents=True, exist_ok=True)
-  reliability = _figures(run, batches, sources, variants, decoding, report, out_dir, result)
+  reliability = _figures(run, batches, sources, variants, decoding, report, out_dir, result,
+                         predictive.beam_measures, predictive.equivalence_samples)
   if decoding.enabled:
     _ood(run, sources, variants[0], ood_sets, report, out_dir, result)
   progress.finish()  # before the lines saying where the results are, which come last
@@ -181,7 +185,8 @@ def _temperature_scaled(run: _Run, headline: Predictive, split: str,
 
 def _figures(run: _Run, batches: list[dict[str, np.ndarray]], sources: Sources,
              variants: list[Predictive], decoding: DecodeConfig, report: ReportConfig,
-             out_dir: epath.Path, result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+             out_dir: epath.Path, result: dict[str, Any], beam_measures: bool = False,
+             equivalence_samples: int = 0) -> dict[str, dict[str, Any]]:
   """Each predictive's token calibration, decodes and figures with their intervals into
   ``result``, its items written; returns the reliability diagrams' curves."""
   reliability, token_statistics = {}, {}
@@ -197,7 +202,8 @@ def _figures(run: _Run, batches: list[dict[str, np.ndarray]], sources: Sources,
     result["token_calibration"][variant.name] = {k: v for k, v in token.items()
                                                  if not k.startswith("bin_")}
   result["token_ece"] = result["token_calibration"][variants[0].name]["ece"]
-  records = _decode_sources(run, sources, variants, decoding) if decoding.enabled else {}
+  records = (_decode_sources(run, sources, variants, decoding, beam_measures,
+                             equivalence_samples) if decoding.enabled else {})
   result["decoding"], result["intervals"] = {}, {}
   for variant in variants:
     source_items = _source_items(run.data, sources, token_statistics[variant.name],
@@ -241,18 +247,27 @@ def _source_items(data: TaskData, sources: Sources, token_statistics: dict[str, 
       measures={name: np.array([r.measures[name] for r in decoded])
                 for name in decoded[0].measures},
       decoded_token_statistics=token_labels.decoded_token_statistics(probabilities, labels,
-                                                                     num_bins))
+                                                                     num_bins),
+      # Samples detokenized as the outputs are, for the equivalence-class confidence.
+      samples=[[data.vocabulary.decode(list(ids)) for ids in r.samples] for r in decoded]
+      if decoded[0].samples else None,
+      sample_log_probs=np.array([r.sample_log_probs for r in decoded], np.float64)
+      if decoded[0].samples else None)
 
 
 def _decode_sources(run: _Run, sources: Sources, variants: list[Predictive],
-                    decoding: DecodeConfig) -> dict[str, list[predictives.Decoded]]:
+                    decoding: DecodeConfig, beam_measures: bool = False,
+                    equivalence_samples: int = 0) -> dict[str, list[predictives.Decoded]]:
   """Each source decoded once by each predictive (a temperature-scaled one rescores its
-  unscaled self's outputs): ``{predictive: records, one per source}``."""
+  unscaled self's outputs and equivalence samples): ``{predictive: records, one per
+  source}``."""
   data, records = run.data, {}
   for variant in variants:
     unscaled = variant.name.removesuffix(predictives.TEMPERATURE_SCALED)
-    outputs = ([r.output_ids for r in records[unscaled]]
-               if unscaled != variant.name and unscaled in records else None)
+    rescored = records[unscaled] if unscaled != variant.name and unscaled in records else None
+    outputs = None if rescored is None else [r.output_ids for r in rescored]
+    samples = None if rescored is None or not equivalence_samples else [
+        r.samples for r in rescored]
     records[variant.name] = predictives.decode_and_score(
         run.model, run.params, run.progress.track(
             in_batches(sources.inputs, data.batch_size), _decode_phase_name(data, variant,
@@ -260,7 +275,8 @@ def _decode_sources(run: _Run, sources: Sources, variants: list[Predictive],
             math.ceil(len(sources.inputs) / data.batch_size)),
         run.partitioner, variant, run.rng, max_length=data.feature_lengths["targets"],
         eos_id=data.vocabulary.eos_id, outputs=outputs, method=decoding.method,
-        beam_size=decoding.beam_size, sample_agreement=decoding.sample_agreement)
+        beam_size=decoding.beam_size, sample_agreement=decoding.sample_agreement,
+        beam_measures=beam_measures, equivalence_samples=equivalence_samples, samples=samples)
   return records
 
 
@@ -301,7 +317,8 @@ def _plan(data: TaskData, split: str, variants: Sequence[Predictive], teacher_fo
       rescoring = _rescores(v, variants)
       agreement = decoding.sample_agreement and v.num_samples
       plan.append(Phase(_decode_phase_name(data, v, variants), "score" if rescoring else
-                        "decode", _passes(v) * (1 if rescoring else beam) * (1 + agreement)))
+                        "decode", _passes(v) * ((1 if rescoring else beam) * (1 + agreement)
+                                                + predictive.equivalence_samples)))
     if ood_sets.set_names:
       num_batches = math.ceil(ood_sets.max_examples / data.batch_size)
       plan += [Phase(f"decoding {name} (greedy)", "decode", _passes(variants[0]), num_batches)

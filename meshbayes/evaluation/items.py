@@ -8,6 +8,12 @@ items (``figures``), so the same function gives the estimate, its bootstrap
 interval over sources (``intervals``) and the paired difference against
 another predictive evaluated on the same sources (``paired_differences``).
 
+With equivalence samples (``PredictiveConfig.equivalence_samples``), each item also keeps
+its ``K`` ancestral samples and their log-probabilities, and ``figures`` adds, for each
+equivalence of ``metrics.equivalence.EQUIVALENCES``, the exact-match calibration figures
+of the equivalence-class confidence ``c(y)`` (a lower bound on the probability of ``y``'s
+class) against an equivalent reference (``equivalence_<slug>_*``).
+
 Out-of-distribution detection keeps each input's uncertainty measures
 (``OodScores``): AUROC and FPR at 95% TPR per measure, their intervals by a
 bootstrap over in- and out-of-distribution inputs (each resampled within
@@ -35,8 +41,8 @@ import numpy as np
 from etils import epath
 
 from meshbayes import metrics
-from meshbayes.metrics import (bootstrap, rejection, sequence_calibration, sequence_labels,
-                               token_labels)
+from meshbayes.metrics import (bootstrap, equivalence, rejection, sequence_calibration,
+                               sequence_labels, token_labels)
 from meshbayes.metrics import measures as registry
 from meshbayes.metrics.bleu import bleu_from_statistics, bleu_statistics
 
@@ -72,6 +78,10 @@ class SourceItems:
     decoded_token_statistics: name -> ``(n, bins)`` calibration sums of each output's
       decoded tokens, labelled by their alignment to the closest reference
       (``metrics.token_labels.decoded_token_statistics``); empty when not computed.
+    samples: each source's ``K`` ancestral samples (texts, detokenized as the outputs
+      are), ``K`` the same for every source; None without equivalence samples.
+    sample_log_probs: ``(n, K)`` their log-probabilities under the predictive, on the
+      footing of ``log_probs``.
   """
 
   sources: Sequence[str]
@@ -82,6 +92,8 @@ class SourceItems:
   num_tokens: np.ndarray | None = None
   measures: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
   decoded_token_statistics: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+  samples: Sequence[Sequence[str]] | None = None
+  sample_log_probs: np.ndarray | None = None
 
   def __post_init__(self):
     n = len(self.sources)
@@ -93,6 +105,15 @@ class SourceItems:
     if self.decoded and ({len(x) for x in decoded} | {len(v) for v in self.measures.values()}
                          | {len(v) for v in self.decoded_token_statistics.values()}) - {n}:
       raise ValueError(f"SourceItems: {n} sources, but decoded fields of other lengths")
+    if (self.samples is None) != (self.sample_log_probs is None):
+      raise ValueError("SourceItems: samples and sample_log_probs go together")
+    if self.samples is not None:
+      sample_counts = {len(drawn) for drawn in self.samples}  # {K}, the same for all
+      if not self.decoded or len(self.samples) != n or len(sample_counts) > 1 or np.shape(
+          self.sample_log_probs) != (n, *sample_counts):
+        raise ValueError(f"SourceItems: {n} decoded sources need samples and sample_log_probs "
+                         f"of K each; got sample counts {sorted(sample_counts)} and "
+                         f"log-probabilities of shape {np.shape(self.sample_log_probs)}")
 
   @property
   def decoded(self) -> bool:
@@ -115,6 +136,26 @@ class SourceItems:
   def reference_matches(self) -> tuple[np.ndarray, np.ndarray]:
     """``(n,)`` references each output matches and ``(n,)`` references of its source."""
     return sequence_labels.reference_match_counts(self.predictions, self.references)
+
+  @functools.cached_property
+  def equivalence_confidences(self) -> dict[str, np.ndarray]:
+    """Equivalence -> ``(n,)`` ``c(y)`` of each output (``metrics.equivalence``; empty
+    without samples). Log-probabilities that float32 rounding put above 0 count as 0."""
+    if self.samples is None:
+      return {}
+    return {name: equivalence.equivalence_confidences(
+        self.predictions, np.minimum(self.log_probs, 0.0), self.samples,
+        np.minimum(self.sample_log_probs, 0.0), name) for name in equivalence.EQUIVALENCES}
+
+  @functools.cached_property
+  def equivalent_references(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Equivalence -> ``(n,)`` references equivalent to each output and ``(n,)`` references
+    of its source (empty without samples)."""
+    if self.samples is None:
+      return {}
+    return {name: equivalence.equivalent_reference_counts(self.predictions, self.references,
+                                                          name)
+            for name in equivalence.EQUIVALENCES}
 
   @functools.cached_property
   def bleu_statistics(self) -> np.ndarray:
@@ -142,11 +183,11 @@ def figures(items: SourceItems, index: np.ndarray | None = None,
 
   Token level: ``token_ece``, ``token_weighted_ece``, ``token_nll``, ``token_brier``,
   ``token_accuracy``. When decoded: ``bleu`` (corpus, multi-reference),
-  ``mean_sentence_bleu``; the exact-match sequence calibration
-  (``metrics.sequence_calibration``: ``exact_match``, ``mean_probability``,
-  ``probability_gap`` and its absolute value, ``sequence_ece``, ``calibration_auroc``,
-  ``equal_mass_ece``); and ``prr_<measure>``, the prediction rejection ratio of each
-  error measure for the sentence-BLEU error ``1 - BLEU / 100``.
+  ``mean_sentence_bleu``; the exact-match sequence calibration (``_calibration_figures``);
+  with samples, the same figures of each equivalence's ``c(y)`` against an equivalent
+  reference (``measures.equivalence_figure`` names them); and ``prr_<measure>``, the
+  prediction rejection ratio of each error measure for the sentence-BLEU error
+  ``1 - BLEU / 100``.
   """
   index = np.arange(len(items)) if index is None else np.asarray(index)
   result = token_figures({k: np.asarray(v)[index] for k, v in items.token_statistics.items()})
@@ -154,12 +195,15 @@ def figures(items: SourceItems, index: np.ndarray | None = None,
   if not items.decoded:
     return result
   probability = np.clip(np.exp(np.asarray(items.log_probs, np.float64)[index]), 0.0, 1.0)
-  calibration = sequence_calibration.sequence_calibration_figures(
-      probability, items.exact_match[index], num_bins)
-  calibration["sequence_ece"] = calibration.pop("ece")
-  calibration["abs_probability_gap"] = abs(calibration["probability_gap"])
-  calibration.update(_label_figures(probability, *(x[index] for x in items.reference_matches),
-                                    calibration["sequence_ece"], num_bins))
+  calibration = _calibration_figures(probability, items.exact_match[index],
+                                     *(x[index] for x in items.reference_matches), num_bins)
+  for name, confidence in items.equivalence_confidences.items():
+    matched, num_references = (x[index] for x in items.equivalent_references[name])
+    calibration.update({registry.equivalence_figure(name, figure): value
+                        for figure, value in _calibration_figures(
+                            confidence[index], sequence_labels.any_reference_labels(
+                                matched, num_references), matched, num_references,
+                            num_bins).items()})
   error = 1.0 - items.sentence_bleu[index] / 100.0
   result.update(bleu=bleu_from_statistics(items.bleu_statistics[index].sum(0)),
                 mean_sentence_bleu=float(items.sentence_bleu[index].mean()), **calibration)
@@ -171,6 +215,25 @@ def figures(items: SourceItems, index: np.ndarray | None = None,
         {k: np.asarray(v)[index] for k, v in items.decoded_token_statistics.items()})
     result.update(decoded_token_ece=tokens["ece"], decoded_token_accuracy=tokens["accuracy"],
                   decoded_token_confidence_gap=tokens["confidence_gap"])
+  return result
+
+
+def _calibration_figures(probability: np.ndarray, labels: np.ndarray, matched: np.ndarray,
+                         num_references: np.ndarray, num_bins: int) -> dict[str, float]:
+  """The sequence calibration figures of confidences ``probability`` against any-reference
+  ``labels`` (``metrics.sequence_calibration``: ``exact_match``, ``mean_probability``,
+  ``probability_gap`` and its absolute value, ``sequence_ece``, ``calibration_auroc``,
+  ``equal_mass_ece``), the positives of both labels (``exact_match_positives``,
+  ``reference_fraction_positives``: too few make every figure underpowered), and
+  ``_label_figures`` with ``matched`` of ``num_references`` references each."""
+  result = sequence_calibration.sequence_calibration_figures(probability, labels, num_bins)
+  result["sequence_ece"] = result.pop("ece")
+  result["abs_probability_gap"] = abs(result["probability_gap"])
+  result["exact_match_positives"] = float(np.sum(labels))
+  result["reference_fraction_positives"] = float(np.sum(
+      sequence_labels.reference_fraction_labels(matched, num_references)))
+  result.update(_label_figures(probability, matched, num_references, result["sequence_ece"],
+                               num_bins))
   return result
 
 
@@ -340,12 +403,15 @@ def write_items(items: SourceItems, directory: str | epath.PathLike, predictive:
         "prediction": items.predictions[k], "log_prob": float(items.log_probs[k]),
         "num_tokens": int(items.num_tokens[k]), "sentence_bleu": float(items.sentence_bleu[k]),
         "exact_match": bool(items.exact_match[k]),
+        **({} if items.samples is None else {
+            "samples": list(items.samples[k]),
+            "sample_log_probs": [float(v) for v in items.sample_log_probs[k]]}),
         **{name: float(values[k]) for name, values in items.measures.items()}}))
   _predictions_path(directory, predictive).write_text("\n".join(lines) + "\n")
 
 
 _RECORD_FIELDS = ("input", "references", "prediction", "log_prob", "num_tokens",
-                  "sentence_bleu", "exact_match")
+                  "sentence_bleu", "exact_match", "samples", "sample_log_probs")
 
 
 def read_items(directory: str | epath.PathLike, predictive: str) -> SourceItems:
@@ -363,11 +429,14 @@ def read_items(directory: str | epath.PathLike, predictive: str) -> SourceItems:
   records = [json.loads(line) for line in path.read_text().splitlines() if line]
   measures = {name: np.array([r[name] for r in records], np.float64)
               for name in records[0] if name not in _RECORD_FIELDS} if records else {}
+  sampled = ([r["samples"] for r in records],
+             np.array([r["sample_log_probs"] for r in records], np.float64)) if (
+                 records and "samples" in records[0]) else (None, None)
   return SourceItems(sources, statistics, [r["references"] for r in records],
                      [r["prediction"] for r in records],
                      np.array([r["log_prob"] for r in records], np.float64),
                      np.array([r["num_tokens"] for r in records], np.int64), measures,
-                     decoded_tokens)
+                     decoded_tokens, *sampled)
 
 
 def write_ood_scores(scores: OodScores, directory: str | epath.PathLike) -> None:

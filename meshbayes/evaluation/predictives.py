@@ -8,7 +8,8 @@
   predictive distribution that decoded it (the same weight samples; a
   temperature-scaled predictive decodes at ``T = 1`` and rescales only the
   scores), giving its probability and every uncertainty measure of
-  ``meshbayes.predictive``.
+  ``meshbayes.predictive``; optionally with ``K`` ancestral samples of each input
+  scored the same way (the equivalence-class confidence of ``metrics.equivalence``).
 
 The figures made of them are in ``meshbayes.evaluation.items``; the
 definitions in ``meshbayes.metrics``.
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -27,11 +28,17 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from meshbayes import metrics, predictive
+from meshbayes.metrics import equivalence
 from meshbayes.models.base import BaseModel
 from meshbayes.partitioning import Partitioner
 
 Batch = dict[str, np.ndarray]
 TEMPERATURE_SCALED = "_temperature_scaled"
+# Folded into a batch's key for its equivalence samples: their draws apart from a sampled
+# decode's (the model's sampling stream follows the key it is given).
+_EQUIVALENCE_STREAM = 0xE9
+# Ancestral sampling of the predictive itself: no temperature, no filtering.
+_ANCESTRAL = {"method": "sample", "temperature": 1.0, "top_k": 0, "top_p": 1.0}
 # Temperatures tried by fit_temperature: log-spaced over [1/8, 8], 14% apart.
 TEMPERATURE_GRID = tuple(np.exp(np.linspace(np.log(0.125), np.log(8.0), 33)).tolist())
 
@@ -188,9 +195,13 @@ class Decoded:
     measures: every uncertainty measure of the output (``predictive``'s
       ``TOKEN_MEASURES``, averaged over its tokens, and ``SEQUENCE_MEASURES``):
       all of them for a model average; the total uncertainties alone for the
-      posterior mean.
+      posterior mean; ``BEAM_MEASURES`` too with ``beam_measures``.
     token_log_probs: each scored token's log-probability under the predictive (a
       temperature's included): the output's tokens, then its EOS.
+    samples: with ``equivalence_samples`` ``K``, ``K`` ancestral samples of the input,
+      without EOS and padding (repeats kept); else empty.
+    sample_log_probs: each sample's log-probability under the predictive, as
+      ``log_prob`` is the output's (the same weight samples and temperature).
   """
 
   output_ids: tuple[int, ...]
@@ -200,6 +211,8 @@ class Decoded:
   mutual_information: float
   measures: Mapping[str, float] = dataclasses.field(default_factory=dict)
   token_log_probs: tuple[float, ...] = ()
+  samples: tuple[tuple[int, ...], ...] = ()
+  sample_log_probs: tuple[float, ...] = ()
 
 
 def until_eos(ids: Iterable[int], eos_id: int) -> list[int]:
@@ -260,6 +273,8 @@ def decode_and_score(model: BaseModel, params: Any, input_batches: Iterable[np.n
                      partitioner: Partitioner, predictive: Predictive, rng: jax.Array,
                      max_length: int, eos_id: int, sample_agreement: bool = False,
                      outputs: Sequence[Sequence[int]] | None = None,
+                     beam_measures: bool = False, equivalence_samples: int = 0,
+                     samples: Sequence[Sequence[Sequence[int]]] | None = None,
                      **decode_kwargs: Any) -> list[Decoded]:
   """Decodes each row of ``input_batches`` (``(batch, input length)`` token ids, all-zero
   rows skipped) and scores the outputs under the same predictive distribution: for a
@@ -282,6 +297,24 @@ def decode_and_score(model: BaseModel, params: Any, input_batches: Iterable[np.n
     outputs: score these outputs (one per non-empty row, without EOS) instead of
       decoding: a temperature-scaled predictive scores what its unscaled self
       decoded (a temperature rescales scores; it does not change the translation).
+    beam_measures: for a model average (``S > 1``) decoding by beam search (``method``
+      ``'beam'``, else a ValueError), also score each hypothesis of the beam under the
+      same weight samples and add ``predictive.BEAM_MEASURES`` to each record's
+      measures (``_beam_measures``; ``beam_size - 1`` more scoring passes). Not added
+      when ``outputs`` are given (no beam) or for the posterior mean.
+    equivalence_samples: ``K`` (0: none): also draw ``K`` ancestral samples of each
+      input from the predictive (temperature 1, no filtering) and score each as the
+      output is scored (its batch's key: the same weight samples and dropout masks, and
+      the predictive's temperature) into each record's ``samples`` and
+      ``sample_log_probs``. They are drawn with a key apart from the decode's, so
+      a model average of sampled weights draws them from other ``S`` weight samples:
+      they only propose outputs, and the distinct ones' probabilities under the scoring
+      predictive sum to a lower bound on a class's probability whatever proposed them.
+      Cost per batch: a sampled decode of ``K`` rows per input and ``K`` scoring passes.
+    samples: with ``outputs`` and ``equivalence_samples``, score these samples (``K``
+      per non-empty row, without EOS) instead of drawing them: a temperature-scaled
+      predictive rescores its unscaled self's samples at its temperature (``K`` scoring
+      passes, no decode).
     **decode_kwargs: ``predict_batch_with_aux`` options (``method``, ``beam_size``).
 
   Returns:
@@ -292,26 +325,62 @@ def decode_and_score(model: BaseModel, params: Any, input_batches: Iterable[np.n
       model, predictive.num_samples, max_length, _decode_items(decode_kwargs),
       jax.tree.structure(param_shardings), tuple(jax.tree.leaves(param_shardings)),
       _batch_sharding(partitioner))
+  if beam_measures and decode_kwargs.get("method", "beam") != "beam":
+    raise ValueError(f"decode_and_score: beam_measures=True needs method='beam', not "
+                     f"{decode_kwargs['method']!r}")
+  if not 0 <= equivalence_samples <= equivalence.MAX_SAMPLES:
+    raise ValueError(f"decode_and_score: equivalence_samples={equivalence_samples!r} must be "
+                     f"from 0 to {equivalence.MAX_SAMPLES}")
+  if samples is not None and outputs is None:
+    raise ValueError("decode_and_score: samples are rescored only with the outputs they "
+                     "were drawn with; pass outputs too")
+  if equivalence_samples and samples is None:  # the ancestral sampler, compiled once per K
+    sample = _programs(
+        model, predictive.num_samples, max_length,
+        _decode_items(dict(_ANCESTRAL, num_decodes=equivalence_samples)),
+        jax.tree.structure(param_shardings), tuple(jax.tree.leaves(param_shardings)),
+        _batch_sharding(partitioner))[0]
   num_samples = predictive.num_samples if sample_agreement else 0
+  with_beam = beam_measures and outputs is None and predictive.num_samples > 1
   given = None if outputs is None else iter(outputs)
+  given_samples = None if samples is None else iter(samples)
   records = []
   with partitioner.activation_rules():
     for i, inputs in enumerate(input_batches):
       key = jax.random.fold_in(rng, i)  # decode and score under the same weight samples
       present = np.flatnonzero(inputs.any(-1))
       if given is None:
-        tokens, _ = decode(params, partitioner.global_batch({"encoder_input_tokens": inputs}),
-                           key)
+        tokens, decoded_aux = decode(
+            params, partitioner.global_batch({"encoder_input_tokens": inputs}), key)
         decoded = [until_eos(row, eos_id) for row in jax.device_get(tokens)]
       else:
         decoded = [[] for _ in range(len(inputs))]
         for row in present:
           decoded[row] = list(next(given))
+      # Every scoring of this batch's rows: the outputs, beam hypotheses, samples.
+      rescore = lambda rows: jax.device_get(score(params, partitioner.global_batch(rows), key,
+                                                  np.float32(predictive.temperature)))
       batch = dict(_as_targets(decoded, max_length, eos_id), encoder_input_tokens=inputs)
-      log_probs, aux = jax.device_get(score(params, partitioner.global_batch(batch), key,
-                                            np.float32(predictive.temperature)))
+      log_probs, aux = rescore(batch)
       counts = batch["decoder_loss_weights"].sum(-1)
       measures = _measures(log_probs, aux, counts)
+      row_samples = [()] * len(inputs)
+      if equivalence_samples:
+        if given_samples is None:
+          drawn = sample(params, partitioner.global_batch({"encoder_input_tokens": inputs}),
+                         jax.random.fold_in(key, _EQUIVALENCE_STREAM))[1]["all_sequences"]
+          row_samples = [[until_eos(ids, eos_id) for ids in row] for row in jax.device_get(drawn)]
+        else:
+          row_samples = [[[]] * equivalence_samples for _ in range(len(inputs))]
+          for row in present:
+            row_samples[row] = [list(ids) for ids in next(given_samples)]
+        sample_log_probs = _sample_log_probs(lambda rows: rescore(rows)[0], inputs,
+                                             row_samples, equivalence_samples, max_length,
+                                             eos_id)
+      if with_beam:
+        measures.update(_beam_measures(lambda rows: rescore(rows)[1]["sample_log_probs"],
+                                       inputs, jax.device_get(decoded_aux["all_sequences"]),
+                                       aux["sample_log_probs"], counts, max_length, eos_id))
       if num_samples > 1:
         each = [[until_eos(row, eos_id) for row in jax.device_get(decode_alone(
             params, partitioner.global_batch({"encoder_input_tokens": inputs}), key, s))]
@@ -320,11 +389,75 @@ def decode_and_score(model: BaseModel, params: Any, input_batches: Iterable[np.n
             [pairwise_bleu([alone[row] for alone in each]) for row in range(len(inputs))])
       for row in present:
         row_measures = {name: float(value[row]) for name, value in measures.items()}
-        records.append(Decoded(tuple(decoded[row]), float(log_probs[row]), int(counts[row]),
-                               row_measures["total_uncertainty"],
-                               row_measures.get("mutual_information", 0.0), row_measures,
-                               tuple(map(float, aux["token_log_probs"][row, :counts[row]]))))
+        records.append(Decoded(
+            tuple(decoded[row]), float(log_probs[row]), int(counts[row]),
+            row_measures["total_uncertainty"], row_measures.get("mutual_information", 0.0),
+            row_measures, tuple(map(float, aux["token_log_probs"][row, :counts[row]])),
+            tuple(map(tuple, row_samples[row])),
+            tuple(map(float, sample_log_probs[row])) if equivalence_samples else ()))
   return records
+
+
+def _sample_log_probs(score_rows: Callable[[Batch], np.ndarray], inputs: np.ndarray,
+                      row_samples: Sequence[Sequence[Sequence[int]]], num_samples: int,
+                      max_length: int, eos_id: int) -> np.ndarray:
+  """``(batch, K)`` log-probabilities of each row's ``K`` samples (without EOS).
+
+  Sample ``k`` of every row is scored as one batch (``score_rows``: a teacher-forcing
+  batch to ``(batch,)`` log-probabilities), as ``_beam_measures`` scores beam positions:
+  each sample gets its input's weight samples and dropout masks. A sample cut at
+  ``max_length`` without EOS is scored without it, as a decoded output is.
+
+  Raises:
+    ValueError: a row without ``num_samples`` samples (given ones, to rescore).
+  """
+  for row, drawn in enumerate(row_samples):
+    if len(drawn) != num_samples:
+      raise ValueError(f"decode_and_score: row {row} has {len(drawn)} samples, not "
+                       f"equivalence_samples={num_samples}")
+  return np.stack([np.asarray(score_rows(dict(
+      _as_targets([list(drawn[k]) for drawn in row_samples], max_length, eos_id),
+      encoder_input_tokens=inputs))) for k in range(num_samples)], -1)
+
+
+def beam_hypotheses(sequences: np.ndarray, eos_id: int
+                    ) -> tuple[list[list[list[int]]], np.ndarray]:
+  """Each row's beam hypotheses (``sequences``: ``(batch, B, length)``) without EOS and
+  padding, and ``(batch, B)`` whether each is present: an empty slot of the beam (no
+  token, not even EOS) or a repeat of an earlier hypothesis of its row is not."""
+  outputs, present = [], np.zeros(sequences.shape[:2], bool)
+  for row, beams in enumerate(sequences):
+    outputs.append([until_eos(ids, eos_id) for ids in beams])
+    seen = set()
+    for b, (ids, output) in enumerate(zip(beams, outputs[-1])):
+      present[row, b] = bool(np.any(ids > 0)) and tuple(output) not in seen
+      seen.add(tuple(output))
+  return outputs, present
+
+
+def _beam_measures(score_rows: Callable[[Batch], np.ndarray], inputs: np.ndarray,
+                   sequences: np.ndarray, best_log_probs: np.ndarray, best_counts: np.ndarray,
+                   max_length: int, eos_id: int) -> dict[str, np.ndarray]:
+  """``predictive.beam_sequence_measures`` of each row's beam.
+
+  Beam position ``b`` of every row is scored as one batch (``score_rows``: a teacher-
+  forcing batch to ``(S, batch)`` sample log-probabilities), so each scoring runs the
+  compiled program of the decoded outputs on the same rows: a hypothesis gets its input's
+  weight samples and MC dropout masks. Position 0, the decoded output, is given
+  (``best_log_probs``, ``best_counts``). A hypothesis cut at ``max_length`` without EOS is
+  scored without it, as the decoded output is; absent ones (``beam_hypotheses``) are
+  left out.
+  """
+  outputs, present = beam_hypotheses(sequences, eos_id)
+  log_probs, lengths = [np.asarray(best_log_probs)], [np.asarray(best_counts)]
+  for b in range(1, sequences.shape[1]):
+    batch = dict(_as_targets([row[b] for row in outputs], max_length, eos_id),
+                 encoder_input_tokens=inputs)
+    log_probs.append(np.asarray(score_rows(batch)))
+    lengths.append(batch["decoder_loss_weights"].sum(-1))
+  sample_log_probs = np.where(present, np.stack(log_probs, -1), -np.inf)
+  return {name: np.asarray(value) for name, value in predictive.beam_sequence_measures(
+      sample_log_probs, np.stack(lengths, -1)).items()}
 
 
 def pairwise_bleu(outputs: Sequence[Sequence[int]]) -> float:

@@ -12,8 +12,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from meshbayes.evaluation import methods
-from meshbayes.field_checks import booleans, positive_ints
-from meshbayes.metrics import bootstrap, calibration
+from meshbayes.field_checks import booleans, is_int, positive_ints
+from meshbayes.metrics import bootstrap, calibration, equivalence
 
 DECODE_METHODS = ("beam", "greedy", "sample")
 
@@ -67,6 +67,19 @@ class PredictiveConfig:
       same); reported as ``<predictive>_temperature_scaled``.
     temperature_split: the split the temperature is fitted on.
     seed: seed of weight samples and sampling.
+    beam_measures: with beam search, also score every hypothesis of the beam under the
+      model average's weight samples and report Malinin and Gales's importance-weighted
+      ``beam_`` measures (``meshbayes.predictive.beam_sequence_measures``) among the
+      uncertainty measures (``beam_size - 1`` more scoring passes of each decoded batch).
+    equivalence_samples: ``K`` ancestral samples per source (0: off; at most
+      ``metrics.equivalence.MAX_SAMPLES`` = 16) for the equivalence-class sequence
+      confidence ``c(y)`` (``metrics.equivalence``): ``p(y)`` plus the probabilities of the
+      distinct samples equivalent to ``y``, a lower bound on the probability of ``y``'s
+      class, reported per equivalence as ``equivalence_<name>_*`` figures. Cost per decoded
+      batch: one sampled decode of ``K`` rows per input (about ``K`` greedy decodes) and
+      ``K`` scoring passes (each ``S`` forward passes for a model average); a
+      temperature-scaled predictive rescores its unscaled self's samples (``K`` scoring
+      passes, no decode).
   """
 
   method: str | None = None
@@ -75,13 +88,19 @@ class PredictiveConfig:
   temperature_scaling: bool = False
   temperature_split: str = "validation"
   seed: int = 0
+  beam_measures: bool = False
+  equivalence_samples: int = 0
 
   def __post_init__(self):
     if self.method is not None:
       methods.get(self.method)  # one line naming the registered methods
     positive_ints("PredictiveConfig", self, "num_samples", allow_zero=True)
     positive_ints("PredictiveConfig", self, "seed", allow_zero=True)
-    booleans("PredictiveConfig", self, "temperature_scaling")
+    booleans("PredictiveConfig", self, "temperature_scaling", "beam_measures")
+    if not is_int(self.equivalence_samples) or not (
+        0 <= self.equivalence_samples <= equivalence.MAX_SAMPLES):
+      raise ValueError(f"PredictiveConfig: equivalence_samples={self.equivalence_samples!r} "
+                       f"must be an int from 0 (off) to {equivalence.MAX_SAMPLES}")
     if isinstance(self.ensemble_dirs, str):
       raise ValueError(f"PredictiveConfig: ensemble_dirs={self.ensemble_dirs!r} must be a list "
                        "of run directories, not one string")

@@ -9,6 +9,9 @@ uncertain for every one), how tables scale and format it, and a one-line definit
 Figures computed per uncertainty measure form families named ``<family>_<measure>``:
 ``prr_`` (error detection), ``auroc_`` and ``fpr95_`` (OOD detection). ``family_name``
 builds such a name and ``get`` reads one back; no other module spells the pattern.
+The equivalence-class confidence (``metrics.equivalence``) has, per equivalence, a figure
+mirroring each exact-match calibration figure, registered as ``equivalence_<slug>_<figure>``
+(``equivalence_figure`` names one).
 
 The tuples at the end are the selections reports show, in their order (the run table's
 rows, the headline rows, the error-detection and OOD measures). A new figure or measure
@@ -27,6 +30,8 @@ it. An unknown name is a ``ValueError`` of one line naming it and the valid name
 False
 >>> names(kind=UNCERTAINTY, level=SEQUENCE)
 ('sequence_total_uncertainty', 'sequence_data_uncertainty', 'sequence_reverse_mutual_information')
+>>> names(kind=UNCERTAINTY, level=BEAM)[:2]
+('beam_total_uncertainty', 'beam_data_uncertainty')
 """
 
 from __future__ import annotations
@@ -42,10 +47,12 @@ HIGHER, LOWER, NEITHER = "higher", "lower", "neither"
 # out-of-distribution detection (OOD). Uncertainty measures: the mean over the output's
 # tokens of a next-token measure (TOKEN, meshbayes.predictive.token_measures); from each
 # posterior sample's probability of the whole output (SEQUENCE,
-# meshbayes.predictive.sequence_measures); of the output as decoded (OUTPUT: its
-# probability under the predictive that decoded it, the outputs each sample decodes alone).
-TOKEN, SEQUENCE, OOD, OUTPUT = "token", "sequence", "ood", "output"
-LEVELS = {FIGURE: (TOKEN, SEQUENCE, OOD), UNCERTAINTY: (TOKEN, SEQUENCE, OUTPUT)}
+# meshbayes.predictive.sequence_measures); from each sample's probability of every
+# hypothesis of the beam, importance-weighted (BEAM, meshbayes.predictive.
+# beam_sequence_measures); of the output as decoded (OUTPUT: its probability under the
+# predictive that decoded it, the outputs each sample decodes alone).
+TOKEN, SEQUENCE, BEAM, OOD, OUTPUT = "token", "sequence", "beam", "ood", "output"
+LEVELS = {FIGURE: (TOKEN, SEQUENCE, OOD), UNCERTAINTY: (TOKEN, SEQUENCE, BEAM, OUTPUT)}
 DIRECTIONS = (HIGHER, LOWER, NEITHER)
 
 
@@ -160,6 +167,12 @@ MEASURES = (
             NEITHER, SEQUENCE, 100, ".2f", "97.5% quantile of that null reference-fraction ECE"),
     _figure("debiased_fraction_ece", "debiased reference-fraction ECE (%)", LOWER, SEQUENCE,
             100, ".2f", "reference-fraction ECE minus its null mean (can be negative)"),
+    _figure("exact_match_positives", "outputs matching a reference", NEITHER, SEQUENCE, 1,
+            ".0f", "number of outputs that match a reference (the positives of the "
+            "any-reference label; under 400 the calibration figures are underpowered)"),
+    _figure("reference_fraction_positives", "references matched, fraction-weighted", NEITHER,
+            SEQUENCE, 1, ".1f", "sum over the outputs of the fraction of references matched "
+            "(the positives of the reference-fraction label)"),
     _figure("decoded_token_ece", "decoded-token ECE, edit-distance labels (%)", LOWER,
             SEQUENCE, 100, ".2f",
             "ECE of the decoded tokens' probabilities against whether each is aligned to an "
@@ -194,7 +207,114 @@ MEASURES = (
     _uncertainty("bleu_disagreement", "BLEU disagreement", OUTPUT,
                  "100 minus the mean pairwise sentence BLEU of the outputs each posterior "
                  "sample decodes alone"),
+    # Over the beam's hypotheses y_b (L_b tokens), pi_b = P(y_b | x) normalized over the
+    # beam (P = mean_s P_s), w_sb = P_s(y_b | x) normalized over the beam.
+    _uncertainty("beam_total_uncertainty", "beam total uncertainty", BEAM,
+                 "-sum_b pi_b log P(y_b | x) / L_b (Malinin & Gales's importance-weighted "
+                 "sequence entropy H_S-IW)"),
+    _uncertainty("beam_data_uncertainty", "beam data uncertainty", BEAM,
+                 "-mean_s sum_b w_sb log P_s(y_b | x) / L_b, each sample's sequence entropy "
+                 "over the beam"),
+    _uncertainty("beam_mutual_information", "beam mutual information", BEAM,
+                 "beam total minus beam data uncertainty"),
+    _uncertainty("beam_epkl", "beam expected pairwise KL", BEAM,
+                 "-sum_b pi_b mean_s log P_s(y_b | x) / L_b minus beam data uncertainty"),
+    _uncertainty("beam_reverse_mutual_information", "beam reverse mutual information", BEAM,
+                 "sum_b pi_b (log P(y_b | x) - mean_s log P_s(y_b | x)) / L_b (Malinin & "
+                 "Gales's M_S-IW)"),
 )
+
+# Equivalence-class sequence confidence (metrics.equivalence), for each equivalence fixed in
+# advance: its name -> the slug of its figures' names, equivalence_<slug>_<figure>.
+EQUIVALENCE_SLUGS = {"exact": "exact", "chrf++>=0.9": "chrf90", "chrf++>=0.8": "chrf80"}
+_CONFIDENCE = ("c(y) = p(y) + p of the distinct outputs among K ancestral samples "
+               "equivalent to y ({equivalence}), a lower bound on y's class probability")
+# Each equivalence's figures: (the exact-match figure it mirrors, with c(y) for p and an
+# equivalent reference for a matching one, whose direction, scale and format it has; its
+# figure's suffix; label; definition, {equivalence} its name and {c} the definition of c(y)).
+_EQUIVALENCE_FIGURES = (
+    ("exact_match", "match_rate", "equivalent-reference rate (%)",
+     "fraction of outputs to which a reference is equivalent ({equivalence})"),
+    ("exact_match_positives", "positives", "outputs with an equivalent reference",
+     "number of outputs to which a reference is equivalent ({equivalence}): the positives; "
+     "under 400 the figures are underpowered"),
+    ("mean_probability", "mean_confidence", "mean class confidence (%)", "mean c(y), {c}"),
+    ("probability_gap", "confidence_gap", "class confidence gap (%)",
+     "mean c(y) minus the equivalent-reference rate (positive: overconfident), {c}"),
+    ("abs_probability_gap", "abs_confidence_gap", "absolute class confidence gap (%)",
+     "the absolute value of the class confidence gap, {c}"),
+    ("sequence_ece", "sequence_ece", "class confidence ECE, any reference (%)",
+     "ECE of [1 - c, c] against an equivalent reference, 15 equal-width bins of "
+     "max(c, 1 - c), {c}"),
+    ("calibration_auroc", "calibration_auroc", "class confidence AUROC",
+     "AUROC of c(y) ranking the outputs with an equivalent reference above the rest, {c}"),
+    ("equal_mass_ece", "equal_mass_ece", "class confidence equal-mass ECE (%)",
+     "calibration error of c(y) against an equivalent reference in 15 equal-mass bins, {c}"),
+    ("reference_fraction", "reference_fraction", "equivalent-reference fraction (%)",
+     "mean fraction of its source's references equivalent to each output ({equivalence})"),
+    ("reference_fraction_positives", "fraction_positives",
+     "equivalent references, fraction-weighted", "sum over the outputs of the fraction of "
+     "references equivalent ({equivalence}): the fraction label's positives"),
+    ("fraction_probability_gap", "fraction_confidence_gap",
+     "class confidence gap, reference fraction (%)",
+     "mean c(y) minus the mean equivalent-reference fraction (positive: overconfident), {c}"),
+    ("fraction_ece", "fraction_ece", "class confidence ECE, reference fraction (%)",
+     "one-sided ECE of c(y) against the fraction of references equivalent, 15 equal-width "
+     "bins of c, {c}"),
+    ("match_rate_over_probability", "match_rate_over_confidence",
+     "equivalent-reference rate / mean class confidence",
+     "equivalent-reference rate over mean c(y), {c}"),
+    ("sequence_ece_null_mean", "sequence_ece_null_mean",
+     "class confidence ECE of a calibrated model, mean (%)",
+     "mean class confidence ECE of labels drawn as 1[Binomial(k, c) > 0] on the same "
+     "outputs (k: the source's references), {c}"),
+    ("sequence_ece_null_high", "sequence_ece_null_high",
+     "class confidence ECE of a calibrated model, 97.5% (%)",
+     "97.5% quantile of that null class confidence ECE, {c}"),
+    ("debiased_sequence_ece", "debiased_sequence_ece", "debiased class confidence ECE (%)",
+     "class confidence ECE minus its null mean (can be negative), {c}"),
+    ("fraction_ece_null_mean", "fraction_ece_null_mean",
+     "class confidence fraction ECE of a calibrated model, mean (%)",
+     "mean reference-fraction ECE of labels drawn as Binomial(k, c) / k on the same "
+     "outputs, {c}"),
+    ("fraction_ece_null_high", "fraction_ece_null_high",
+     "class confidence fraction ECE of a calibrated model, 97.5% (%)",
+     "97.5% quantile of that null reference-fraction ECE, {c}"),
+    ("debiased_fraction_ece", "debiased_fraction_ece",
+     "debiased class confidence fraction ECE (%)",
+     "class confidence reference-fraction ECE minus its null mean (can be negative), {c}"),
+)
+EQUIVALENCE_MIRRORED_FIGURES = tuple(row[0] for row in _EQUIVALENCE_FIGURES)
+
+
+def equivalence_figure(equivalence: str, figure: str) -> str:
+  """The name of ``equivalence``'s figure mirroring the exact-match ``figure`` (one of
+  ``EQUIVALENCE_MIRRORED_FIGURES``).
+
+  >>> equivalence_figure("chrf++>=0.9", "mean_probability")
+  'equivalence_chrf90_mean_confidence'
+
+  Raises:
+    ValueError: an unknown equivalence or figure (one line naming it).
+  """
+  if equivalence not in EQUIVALENCE_SLUGS:
+    raise ValueError(f"unknown equivalence {equivalence!r}; valid: "
+                     f"{', '.join(map(repr, EQUIVALENCE_SLUGS))}")
+  suffix = {row[0]: row[1] for row in _EQUIVALENCE_FIGURES}.get(figure)
+  if suffix is None:
+    raise ValueError(f"no equivalence figure mirrors {figure!r}; valid: "
+                     f"{', '.join(EQUIVALENCE_MIRRORED_FIGURES)}")
+  return f"equivalence_{EQUIVALENCE_SLUGS[equivalence]}_{suffix}"
+
+
+_REGISTERED_SO_FAR = {measure.name: measure for measure in MEASURES}
+MEASURES += tuple(
+    dataclasses.replace(
+        _REGISTERED_SO_FAR[mirrored], name=equivalence_figure(equivalence, mirrored),
+        label=f"{label}, {equivalence}", definition=definition.format(
+            equivalence=equivalence, c=_CONFIDENCE.format(equivalence=equivalence)))
+    for equivalence in EQUIVALENCE_SLUGS
+    for mirrored, _, label, definition in _EQUIVALENCE_FIGURES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,13 +372,17 @@ HEADLINE_FIGURES = ("bleu", "exact_match", "sequence_ece", "fraction_ece", "cali
 ERROR_DETECTION_MEASURES = ("negative_log_probability", "sequence_total_uncertainty",
                             "total_uncertainty", "mutual_information",
                             "reverse_mutual_information", "sequence_reverse_mutual_information",
-                            "bleu_disagreement")
+                            "bleu_disagreement", "beam_total_uncertainty", "beam_data_uncertainty",
+                            "beam_mutual_information", "beam_epkl",
+                            "beam_reverse_mutual_information")
 # The measures of the run table's OOD rows, in order: every measure an OOD input is scored
 # by (the negative log-probability is of decoded test outputs only).
 OOD_TABLE_MEASURES = ("mutual_information", "reverse_mutual_information",
                       "expected_pairwise_kl", "total_uncertainty", "data_uncertainty",
                       "sequence_reverse_mutual_information", "sequence_total_uncertainty",
-                      "sequence_data_uncertainty", "bleu_disagreement")
+                      "sequence_data_uncertainty", "bleu_disagreement",
+                      "beam_mutual_information", "beam_reverse_mutual_information", "beam_epkl",
+                      "beam_total_uncertainty", "beam_data_uncertainty")
 
 
 def _by_name() -> dict[str, Measure]:

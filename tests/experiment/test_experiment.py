@@ -150,10 +150,17 @@ def test_every_method_is_reported_at_the_end_and_at_its_best_checkpoint(toy):
 def test_the_spread_over_seeds_is_reported_per_method(toy):
   out, _ = toy
   report = (out / "report.md").read_text()
-  header = next(line for line in report.splitlines() if "over seeds" in line)
-  assert "| Bayesian layers (S=4) (2 seeds) |" in header and "| IVON (S=4) (2 seeds) |" in header
+  header = next(line for line in report.splitlines() if "mean of seeds: Student-t" in line)
+  for column in ("deterministic", "Bayesian layers", "IVON", "IVON (mean)"):
+    assert f"| {column} (2 seeds; t, 1 df) |" in header
+  assert "| deep ensemble (single realization) |" in header
+  assert "| MC dropout (single realization) |" in header
+  assert re.search(r"\| BLEU, mean of seeds \| \d+\.\d\d \[-?\d+\.\d\d, \d+\.\d\d\] \|", report)
+  assert "| BLEU, paired by seed | " in report
   summary = json.loads((out / "report.json").read_text())
-  assert summary["seeds"]["Bayesian layers (S=4)"]["bleu"][1] >= 0
+  bleu = summary["seeds"]["means"]["Bayesian layers"]["bleu"]
+  assert bleu["mean"]["df"] == 1 and set(bleu["seeds"]) == {"0", "1"}
+  assert summary["seeds"]["differences"]["IVON"]["bleu"]["welch"]["seed_counts"] == [2, 2]
 
 
 @pytest.mark.integration

@@ -10,7 +10,7 @@ import pytest
 from meshbayes import metrics, predictive
 from meshbayes.evaluation import items as evaluation_items
 from meshbayes.evaluation.items import OodScores, SourceItems
-from meshbayes.metrics import measures
+from meshbayes.metrics import equivalence, measures
 from meshbayes.tools import experiment_report, experiment_tables
 
 WORDS = "le chat noir dort sur un tapis rouge".split()
@@ -18,12 +18,13 @@ WORDS = "le chat noir dort sur un tapis rouge".split()
 
 def uncertainty_measure_names() -> list[str]:
   """The names of the measures an evaluation scores each output by, from the functions that
-  compute them (and predictive_eval's sample agreement)."""
+  compute them (and predictive_eval's sample agreement and beam measures)."""
   log_probs = jnp.log(jnp.asarray(np.random.default_rng(0).dirichlet(np.ones(4), (2, 3)),
                                   jnp.float32))
   return [*predictive.token_measures(log_probs),
           *predictive.sequence_measures(jnp.array([-2.0, -3.0]), jnp.array(4)),
-          "bleu_disagreement"]
+          "bleu_disagreement",
+          *predictive.beam_sequence_measures(jnp.array([[-2.0, -3.0]]), jnp.array([4, 5]))]
 
 
 def decoded_items(n: int = 12) -> SourceItems:
@@ -38,9 +39,11 @@ def decoded_items(n: int = 12) -> SourceItems:
                 for k in per_source[0]}
   references = [[" ".join(rng.choice(WORDS, size=4))] for _ in range(n)]
   predictions = [refs[0] if k % 3 else "un chat" for k, refs in enumerate(references)]
+  samples = [[refs[0], "un chat noir"] for refs in references]  # for the equivalence figures
   return SourceItems([f"source {k}" for k in range(n)], statistics, references, predictions,
                      np.log(rng.uniform(0.05, 0.9, n)), rng.integers(2, 6, n),
-                     {name: rng.random(n) for name in uncertainty_measure_names()})
+                     {name: rng.random(n) for name in uncertainty_measure_names()},
+                     samples=samples, sample_log_probs=np.log(rng.uniform(0.01, 0.1, (n, 2))))
 
 
 def test_every_figure_and_measure_the_evaluation_emits_is_registered():
@@ -63,11 +66,35 @@ def test_every_figure_and_measure_the_evaluation_emits_is_registered():
       *uncertainty_measure_names(), evaluation_items.NEGATIVE_LOG_PROBABILITY}
 
 
+def test_each_equivalence_mirrors_every_exact_match_calibration_figure():
+  assert tuple(measures.EQUIVALENCE_SLUGS) == equivalence.EQUIVALENCES
+  figures = evaluation_items.figures(decoded_items())
+  mirrored = [name for name in figures if name in measures.EQUIVALENCE_MIRRORED_FIGURES]
+  assert sorted(mirrored) == sorted(measures.EQUIVALENCE_MIRRORED_FIGURES)
+  for name in equivalence.EQUIVALENCES:
+    for figure in mirrored:
+      entry = measures.get(measures.equivalence_figure(name, figure))
+      assert entry.name in figures and entry.level == measures.SEQUENCE
+      assert name in entry.label and name in entry.definition
+      if "confidence" in entry.name or "ece" in entry.name or "auroc" in entry.name:
+        assert "lower bound" in entry.definition, entry.name
+      # The same direction as the exact-match figure it mirrors.
+      assert entry.direction == measures.get(figure).direction, entry.name
+  assert measures.equivalence_figure("chrf++>=0.8", "exact_match") == (
+      "equivalence_chrf80_match_rate")
+  with pytest.raises(ValueError, match="unknown equivalence 'bleu'"):
+    measures.equivalence_figure("bleu", "exact_match")
+  with pytest.raises(ValueError, match="no equivalence figure mirrors 'bleu'"):
+    measures.equivalence_figure("exact", "bleu")
+
+
 def test_the_measures_of_predictive_are_the_registrys_in_the_order_it_computes_them():
   log_probs = jnp.log(jnp.full((2, 1, 3), 1 / 3))
   assert tuple(predictive.token_measures(log_probs)) == predictive.TOKEN_MEASURES
   assert tuple(predictive.sequence_measures(jnp.zeros((2, 1)), jnp.ones(1))
                ) == predictive.SEQUENCE_MEASURES
+  assert tuple(predictive.beam_sequence_measures(jnp.zeros((2, 1, 3)), jnp.ones((1, 3)))
+               ) == predictive.BEAM_MEASURES
   assert predictive.TOKEN_MEASURES[0] == "total_uncertainty"  # predictive_eval skips it
 
 
