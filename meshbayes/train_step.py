@@ -32,8 +32,6 @@ Batch = Mapping[str, Array]
 
 # Parameters whose posterior stddev the trainer reports, by a substring of their path.
 STDDEV_GROUPS = {"attention": "attention", "mlp": "mlp"}
-# The train step's metric that says whether the new state is finite (not a reported metric).
-STATE_IS_FINITE = "state_is_finite"
 
 
 @flax.struct.dataclass
@@ -70,7 +68,11 @@ def posterior_stddev_metrics(stddevs: Mapping[str, Array]) -> dict[str, Array]:
 
 
 def all_finite(tree: Any) -> Array:
-  """Whether every floating-point value in ``tree`` is finite: one scalar reduction."""
+  """Whether every floating-point value in ``tree`` is finite (a scalar).
+
+  Not part of the train step: it reads the whole state (one reduction kernel per array on a
+  GPU), so the trainer runs it where it saves a state, and when a loss is not finite.
+  """
   checks = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
             if jnp.issubdtype(x.dtype, jnp.inexact)]
   return jnp.all(jnp.stack(checks)) if checks else jnp.bool_(True)
@@ -188,12 +190,7 @@ class StepFunctions:
                num_microbatches=num_microbatches, ivon=optimizer.ivon)
 
   def train_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, Array]]:
-    """One optimizer step on a global batch; returns the new state and scalar metrics.
-
-    The metrics include ``STATE_IS_FINITE``, whether the new parameters and
-    optimizer state are all finite, so the trainer never saves a state that
-    is not, without reading the state to the host.
-    """
+    """One optimizer step on a global batch; returns the new state and scalar metrics."""
     rng = jax.random.fold_in(jax.random.key(self.seed), state.step)
     kl_weight = self.kl_weight(state.step)
     if self.ivon is None:
@@ -208,7 +205,6 @@ class StepFunctions:
     metrics = dict(metrics, gradient_norm=optax.tree.norm(grads),
                    learning_rate=self.learning_rate(state.step),
                    **posterior_stddev_metrics(self.posterior_stddevs(params, opt_state)))
-    metrics[STATE_IS_FINITE] = all_finite((params, opt_state))
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
   def posterior_stddevs(self, params: Any, opt_state: Any) -> dict[str, Array]:

@@ -64,10 +64,10 @@ from meshbayes.preemption import STOP_EXIT_CODES, STOP_SIGNALS
 from meshbayes.run_configs import CheckpointConfig, EvaluationConfig, InputConfig
 from meshbayes.run_lock import RunLock
 from meshbayes.train_step import (
-  STATE_IS_FINITE,
   StepFunctions,
   TrainState,
   abstract_state,
+  all_finite,
   init_train_state,
   jit_train_step,
 )
@@ -333,8 +333,9 @@ def _run(run: _Run) -> TrainState:
   STOP_SIGNALS.exit_at_once = False  # from the first new step on, a signal saves it
 
   # Metrics stay on the device until a step that logs, evaluates, saves or stops: the host
-  # dispatches the next steps meanwhile (T5X-style). Every step's state is checked finite
-  # there, before anything is saved.
+  # dispatches the next steps meanwhile (T5X-style). Every step's loss is checked finite
+  # there, and a state before it is saved (a non-finite state makes the next loss so).
+  state_is_finite = jax.jit(lambda state: all_finite((state.params, state.opt_state)))
   pending: list[tuple[int, dict[str, jax.Array]]] = []
   window: list[dict[str, float]] = []
   window_start, window_tokens = time.perf_counter(), 0.0
@@ -356,9 +357,8 @@ def _run(run: _Run) -> TrainState:
     if not (logs or evaluates or saves or stop or step == start + 1):
       continue
     for done, values in read_metrics(pending):
-      state_is_finite = values.pop(STATE_IS_FINITE)
-      if not (state_is_finite and math.isfinite(values["loss"])):
-        _stop_non_finite(done, values["loss"], state_is_finite, ckpts, last_saved)
+      if not math.isfinite(values["loss"]):
+        _stop_non_finite(done, values["loss"], bool(state_is_finite(state)), ckpts, last_saved)
       if done > start + 1:  # the first step includes compilation: not throughput
         window.append(values)
     pending = []
@@ -378,6 +378,8 @@ def _run(run: _Run) -> TrainState:
     paused = time.perf_counter()  # evaluation and saving are not step time
     if evaluates:
       eval_writer.write(step, evaluate(state))
+    if (saves or stop) and not state_is_finite(state):
+      _stop_non_finite(step, values["loss"], False, ckpts, last_saved)
     if saves or stop:
       ckpts.save(step, state, dict(meta, data_position=data_position),
                  batches.states() if saves_input else None)

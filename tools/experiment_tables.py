@@ -44,9 +44,21 @@ def _header(first: str, titles: Sequence[str]) -> list[str]:
   return [f"| {first} | " + " | ".join(titles) + " |", "|---" * (len(titles) + 1) + "|"]
 
 
-def _verdict(name: str, difference: bootstrap.Interval) -> str:
+def _verdict(name: str, difference: bootstrap.Interval, cols: Sequence[Column] = ()) -> str:
+  """The verdict of a paired difference; "underpowered" for a sequence calibration figure
+  of fewer than ``registry.MIN_POSITIVES`` positive labels in one of ``cols``."""
+  positives = [_positives(c, name) for c in cols]
+  if any(count is not None and count < registry.MIN_POSITIVES for count in positives):
+    return f" underpowered ({' vs '.join(f'{count:.0f}' for count in positives)} positives)"
   direction = registry.higher_is_better(name)
   return "" if direction is None else f" {bootstrap.verdict(difference, direction)}"
+
+
+def _positives(col: Column, name: str) -> float | None:
+  """How many positive labels ``col``'s figure ``name`` rests on (None: not counted)."""
+  count = registry.positives_figure(name)
+  interval = col.metrics.get("intervals", {}).get(col.predictive, {}).get(count or "")
+  return None if interval is None else interval["estimate"]
 
 
 def _auroc(measure: str) -> registry.Measure:
@@ -71,9 +83,10 @@ def paired_table(cols: Sequence[Column], num_resamples: int = bootstrap.DEFAULT_
   lines = _header(f"minus {BASELINE}: difference [95% interval]", [c.title for c in others])
   for figure in map(registry.get, registry.HEADLINE_FIGURES):
     name = figure.name
-    cells = [f"{_signed(d[name], figure.scale, figure.format_spec)}{_verdict(name, d[name])}"
+    cells = [f"{_signed(d[name], figure.scale, figure.format_spec)}"
+             f"{_verdict(name, d[name], (c, baseline))}"
              if name in d and np.isfinite(d[name].estimate) else "-"
-             for d in differences.values()]
+             for c, d in zip(others, differences.values())]
     lines.append(f"| {figure.label} | " + " | ".join(cells) + " |")
   summary = {title: evaluation_items.as_json(d) for title, d in differences.items()}
   base_ood = evaluation_items.read_ood_scores(baseline.directory)

@@ -30,8 +30,8 @@ frames; the first that applies wins:
   ``standard_normal``, ``rademacher``) and any elementwise work fused with them;
 - ``kl``: the KL (``record_kl``, ``Prior.kl``, ``normal_kl``, ``total_kl``);
 - ``optimizer``: optax's update and its application;
-- ``checks``: the step's state check and metrics (``all_finite``, posterior
-  stddev means, the gradient norm);
+- ``checks``: the step's metrics (posterior stddev means, the gradient norm; the
+  state's finiteness check, ``all_finite``, left the step);
 - ``estimator``: the estimators' other elementwise work (softplus, ``stddev *
   eps``, ``loc + ...``, signs applied, the variance's square root);
 - ``dropout``;

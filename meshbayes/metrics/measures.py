@@ -317,6 +317,33 @@ MEASURES += tuple(
     for mirrored, _, label, definition in _EQUIVALENCE_FIGURES)
 
 
+# A sequence calibration figure from fewer positive labels than this is underpowered: a
+# power simulation (a calibrated model against one sharpened by temperature 0.7, paired
+# bootstrap of the ECE) needs about 400 matching outputs to tell them apart.
+MIN_POSITIVES = 400
+# The calibration figures of each label, by the figure counting that label's positives.
+_LABELLED_BY = {
+    "exact_match_positives": ("mean_probability", "probability_gap", "abs_probability_gap",
+                              "sequence_ece", "calibration_auroc", "equal_mass_ece",
+                              "match_rate_over_probability", "debiased_sequence_ece"),
+    "reference_fraction_positives": ("fraction_probability_gap", "fraction_ece",
+                                     "debiased_fraction_ece"),
+}
+_POSITIVES = {figure: count for count, figures in _LABELLED_BY.items() for figure in figures}
+_POSITIVES.update({equivalence_figure(equivalence, figure): equivalence_figure(equivalence, count)
+                   for equivalence in EQUIVALENCE_SLUGS for figure, count in _POSITIVES.items()})
+
+
+def positives_figure(name: str) -> str | None:
+  """The figure counting the positive labels ``name`` is computed from (None: not a
+  sequence calibration figure); under ``MIN_POSITIVES`` of them it is underpowered.
+
+  >>> positives_figure("sequence_ece"), positives_figure("token_ece")
+  ('exact_match_positives', None)
+  """
+  return _POSITIVES.get(name)
+
+
 @dataclasses.dataclass(frozen=True)
 class Family:
   """Figures computed per uncertainty measure, named ``<prefix>_<measure>``.
@@ -357,14 +384,18 @@ FAMILIES = (
 )
 
 # The run table's figure rows in order (tools/compare_runs.py).
-RUN_TABLE_FIGURES = ("bleu", "exact_match", "mean_probability", "sequence_ece",
-                     "sequence_ece_null_high", "fraction_ece", "fraction_ece_null_high",
-                     "calibration_auroc", "decoded_token_ece", "prr_negative_log_probability",
+RUN_TABLE_FIGURES = ("bleu", "exact_match", "exact_match_positives", "mean_probability",
+                     "sequence_ece", "sequence_ece_null_high", "fraction_ece",
+                     "fraction_ece_null_high", "calibration_auroc",
+                     "equivalence_chrf80_positives", "equivalence_chrf80_sequence_ece",
+                     "equivalence_chrf80_sequence_ece_null_high",
+                     "equivalence_chrf80_calibration_auroc", "decoded_token_ece", "prr_negative_log_probability",
                      "prr_mutual_information", "token_ece", "token_weighted_ece", "token_nll",
                      "token_accuracy", "token_brier")
 # The figures the paired-difference and seed tables repeat, in order
 # (tools/experiment_tables.py).
 HEADLINE_FIGURES = ("bleu", "exact_match", "sequence_ece", "fraction_ece", "calibration_auroc",
+                    "equivalence_chrf80_sequence_ece", "equivalence_chrf80_calibration_auroc",
                     "decoded_token_ece", "prr_negative_log_probability", "token_ece",
                     "token_nll", "token_brier")
 # The measures outputs are ranked by for error detection (a prr_ figure each), in the

@@ -227,3 +227,18 @@ def test_eval_batches_is_a_positive_int_or_every_pair(eval_batches):
                                        r"positive int or None \(every test pair\)"):
     experiment_plan.Budget(train_steps=10, eval_period=5, eval_batches=eval_batches)
   assert experiment_plan.Budget(train_steps=10, eval_period=5).eval_batches is None
+
+
+def _column(title, positives):
+  metrics = {"predictives": ["posterior_mean"], "intervals": {"posterior_mean": {
+      "exact_match_positives": {"estimate": positives, "low": positives, "high": positives}}}}
+  return compare_runs.Column(title, metrics, "posterior_mean", {}, None)
+
+
+def test_a_calibration_difference_from_too_few_positives_is_underpowered_not_a_verdict():
+  better = tables.bootstrap.Interval(-0.02, -0.03, -0.01)
+  few, many = _column("a", 120.0), _column("deterministic", 900.0)
+  assert tables._verdict("sequence_ece", better, (few, many)) == \
+      " underpowered (120 vs 900 positives)"
+  assert tables._verdict("sequence_ece", better, (_column("a", 400.0), many)) == " better"
+  assert tables._verdict("bleu", better, (few, many)) == " worse"  # not a calibration figure

@@ -174,3 +174,14 @@ def test_the_measures_the_tools_fix_in_advance_are_registered():
   plotted = inspect.signature(experiment_report.plot_ood).parameters["measures"].default
   for name in (*experiment_tables.OOD_MEASURES, *plotted):
     assert measures.get(name).kind == measures.UNCERTAINTY, name
+
+
+def test_each_sequence_calibration_figure_names_the_count_of_its_positive_labels():
+  assert measures.positives_figure("fraction_ece") == "reference_fraction_positives"
+  assert measures.positives_figure("equivalence_chrf80_sequence_ece") == \
+      "equivalence_chrf80_positives"
+  assert measures.positives_figure("equivalence_exact_fraction_ece") == \
+      "equivalence_exact_fraction_positives"
+  assert measures.positives_figure("bleu") is None
+  for name in (measures.positives_figure(m.name) for m in measures.MEASURES):
+    assert name is None or measures.get(name).name == name  # every count is registered
