@@ -40,7 +40,9 @@ DEMO_METHODS ?= deterministic,mc_dropout,bayesian
 # posterior diagnostics (docs/uncertainty.md): ten training runs (3 seeds of the Bayesian
 # layers and of IVON, 4 deterministic), two at a time, and twelve evaluations: 138
 # minutes on 2 cores (measured from a fresh clone, install and data included, before the
-# last-layer Laplace method added two evaluations and its fits).
+# last-layer Laplace method added two evaluations and its fits, and before the evaluations
+# read all 2,000 test sources with beam-level measures and 8 equivalence samples each:
+# not measured since).
 # `python -m meshbayes.tools.experiment --preset=cpu --out=runs/experiment` resumes an
 # interrupted one; the tuning grids that chose each method's settings are separate
 # commands (docs/uncertainty.md).

@@ -7,8 +7,8 @@ Every table function takes ``compare_runs.Column``s (an evaluation's predictive 
 directory) or, over seeds, ``seed_values``' figures of each seed, and returns
 ``(markdown, summary)``, the summary for ``report.json``. The bootstrap's resamples are
 over test sources (and over OOD inputs), ``num_resamples`` of them with a fixed seed, the
-same for both sides of a paired difference (``meshbayes.evaluation.items``). Labels, formats and directions are the registry's
-(``meshbayes.metrics.measures``).
+same for both sides of a paired difference (``meshbayes.evaluation.items``). Labels,
+formats and directions are the registry's (``meshbayes.metrics.measures``).
 """
 
 from __future__ import annotations

@@ -389,7 +389,8 @@ RUN_TABLE_FIGURES = ("bleu", "exact_match", "exact_match_positives", "mean_proba
                      "fraction_ece_null_high", "calibration_auroc",
                      "equivalence_chrf80_positives", "equivalence_chrf80_sequence_ece",
                      "equivalence_chrf80_sequence_ece_null_high",
-                     "equivalence_chrf80_calibration_auroc", "decoded_token_ece", "prr_negative_log_probability",
+                     "equivalence_chrf80_calibration_auroc", "decoded_token_ece",
+                     "prr_negative_log_probability",
                      "prr_mutual_information", "token_ece", "token_weighted_ece", "token_nll",
                      "token_accuracy", "token_brier")
 # The figures the paired-difference and seed tables repeat, in order
