@@ -325,15 +325,8 @@ def decode_and_score(model: BaseModel, params: Any, input_batches: Iterable[np.n
       model, predictive.num_samples, max_length, _decode_items(decode_kwargs),
       jax.tree.structure(param_shardings), tuple(jax.tree.leaves(param_shardings)),
       _batch_sharding(partitioner))
-  if beam_measures and decode_kwargs.get("method", "beam") != "beam":
-    raise ValueError(f"decode_and_score: beam_measures=True needs method='beam', not "
-                     f"{decode_kwargs['method']!r}")
-  if not 0 <= equivalence_samples <= equivalence.MAX_SAMPLES:
-    raise ValueError(f"decode_and_score: equivalence_samples={equivalence_samples!r} must be "
-                     f"from 0 to {equivalence.MAX_SAMPLES}")
-  if samples is not None and outputs is None:
-    raise ValueError("decode_and_score: samples are rescored only with the outputs they "
-                     "were drawn with; pass outputs too")
+  _check_options(decode_kwargs.get("method", "beam"), beam_measures, equivalence_samples,
+                 samples is not None, outputs is not None)
   if equivalence_samples and samples is None:  # the ancestral sampler, compiled once per K
     sample = _programs(
         model, predictive.num_samples, max_length,
@@ -396,6 +389,20 @@ def decode_and_score(model: BaseModel, params: Any, input_batches: Iterable[np.n
             tuple(map(tuple, row_samples[row])),
             tuple(map(float, sample_log_probs[row])) if equivalence_samples else ()))
   return records
+
+
+def _check_options(method: str, beam_measures: bool, equivalence_samples: int,
+                   samples_given: bool, outputs_given: bool) -> None:
+  """``decode_and_score``'s options that go together, or one ValueError line."""
+  if beam_measures and method != "beam":
+    raise ValueError(f"decode_and_score: beam_measures=True needs method='beam', not "
+                     f"{method!r}")
+  if not 0 <= equivalence_samples <= equivalence.MAX_SAMPLES:
+    raise ValueError(f"decode_and_score: equivalence_samples={equivalence_samples!r} must be "
+                     f"from 0 to {equivalence.MAX_SAMPLES}")
+  if samples_given and not outputs_given:
+    raise ValueError("decode_and_score: samples are rescored only with the outputs they "
+                     "were drawn with; pass outputs too")
 
 
 def _sample_log_probs(score_rows: Callable[[Batch], np.ndarray], inputs: np.ndarray,
