@@ -117,8 +117,8 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
                 num_references=sum(map(len, sources.references)))
   out_dir = epath.Path(report.output_dir or epath.Path(model_dir) / "eval" / data.task)
   out_dir.mkdir(parents=True, exist_ok=True)
-  reliability = _figures(run, batches, sources, variants, decoding, report, out_dir, result,
-                         predictive.beam_measures, predictive.equivalence_samples)
+  reliability = _figures(run, batches, sources, variants, decoding, predictive, report,
+                         out_dir, result)
   if decoding.enabled:
     _ood(run, sources, variants[0], ood_sets, report, out_dir, result)
   progress.finish()  # before the lines saying where the results are, which come last
@@ -184,9 +184,9 @@ def _temperature_scaled(run: _Run, headline: Predictive, split: str,
 
 
 def _figures(run: _Run, batches: list[dict[str, np.ndarray]], sources: Sources,
-             variants: list[Predictive], decoding: DecodeConfig, report: ReportConfig,
-             out_dir: epath.Path, result: dict[str, Any], beam_measures: bool = False,
-             equivalence_samples: int = 0) -> dict[str, dict[str, Any]]:
+             variants: list[Predictive], decoding: DecodeConfig, predictive: PredictiveConfig,
+             report: ReportConfig, out_dir: epath.Path, result: dict[str, Any]
+             ) -> dict[str, dict[str, Any]]:
   """Each predictive's token calibration, decodes and figures with their intervals into
   ``result``, its items written; returns the reliability diagrams' curves."""
   reliability, token_statistics = {}, {}
@@ -202,8 +202,8 @@ def _figures(run: _Run, batches: list[dict[str, np.ndarray]], sources: Sources,
     result["token_calibration"][variant.name] = {k: v for k, v in token.items()
                                                  if not k.startswith("bin_")}
   result["token_ece"] = result["token_calibration"][variants[0].name]["ece"]
-  records = (_decode_sources(run, sources, variants, decoding, beam_measures,
-                             equivalence_samples) if decoding.enabled else {})
+  records = (_decode_sources(run, sources, variants, decoding, predictive)
+             if decoding.enabled else {})
   result["decoding"], result["intervals"] = {}, {}
   for variant in variants:
     source_items = _source_items(run.data, sources, token_statistics[variant.name],
@@ -256,8 +256,8 @@ def _source_items(data: TaskData, sources: Sources, token_statistics: dict[str, 
 
 
 def _decode_sources(run: _Run, sources: Sources, variants: list[Predictive],
-                    decoding: DecodeConfig, beam_measures: bool = False,
-                    equivalence_samples: int = 0) -> dict[str, list[predictives.Decoded]]:
+                    decoding: DecodeConfig, predictive: PredictiveConfig
+                    ) -> dict[str, list[predictives.Decoded]]:
   """Each source decoded once by each predictive (a temperature-scaled one rescores its
   unscaled self's outputs and equivalence samples): ``{predictive: records, one per
   source}``."""
@@ -266,7 +266,7 @@ def _decode_sources(run: _Run, sources: Sources, variants: list[Predictive],
     unscaled = variant.name.removesuffix(predictives.TEMPERATURE_SCALED)
     rescored = records[unscaled] if unscaled != variant.name and unscaled in records else None
     outputs = None if rescored is None else [r.output_ids for r in rescored]
-    samples = None if rescored is None or not equivalence_samples else [
+    samples = None if rescored is None or not predictive.equivalence_samples else [
         r.samples for r in rescored]
     records[variant.name] = predictives.decode_and_score(
         run.model, run.params, run.progress.track(
@@ -276,7 +276,8 @@ def _decode_sources(run: _Run, sources: Sources, variants: list[Predictive],
         run.partitioner, variant, run.rng, max_length=data.feature_lengths["targets"],
         eos_id=data.vocabulary.eos_id, outputs=outputs, method=decoding.method,
         beam_size=decoding.beam_size, sample_agreement=decoding.sample_agreement,
-        beam_measures=beam_measures, equivalence_samples=equivalence_samples, samples=samples)
+        beam_measures=predictive.beam_measures,
+        equivalence_samples=predictive.equivalence_samples, samples=samples)
   return records
 
 

@@ -150,11 +150,12 @@ class SourceItems:
   @functools.cached_property
   def equivalent_references(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Equivalence -> ``(n,)`` references equivalent to each output and ``(n,)`` references
-    of its source (empty without samples)."""
+    of its source (empty without samples); exact equivalence is ``reference_matches``,
+    counted once."""
     if self.samples is None:
       return {}
-    return {name: equivalence.equivalent_reference_counts(self.predictions, self.references,
-                                                          name)
+    return {name: self.reference_matches if name == equivalence.EXACT else
+            equivalence.equivalent_reference_counts(self.predictions, self.references, name)
             for name in equivalence.EQUIVALENCES}
 
   @functools.cached_property
