@@ -14,8 +14,9 @@ Writes one JSON (``--out``) with four parts, each with its ``seconds``:
   prediction from the program that ran (``roofline.FROZEN_GPU_MODEL``:
   seconds, MFU, the measured step's error against it). A step that fails (out
   of memory) records its ``error`` and the check goes on. ``--presets=base_gpu,
-  paper_gpu`` times the step's shape chosen for GPUs instead (layers unrolled,
-  64 and 16 sequences; their compiles take minutes), ``--kinds`` one kind only.
+  paper_gpu`` times the step's shape chosen for GPUs instead (``hardware/gpu.gin``:
+  layers unrolled, cuDNN attention, 128 and 16 sequences; their compiles take
+  minutes), ``--kinds`` one kind only.
 - ``train``: ``python -m meshbayes.train`` of
   ``gin_configs/examples/tiny_synthetic_bayesian.gin`` to step 25 (checkpoint),
   then again to 50 (a resume from that checkpoint); the checkpoint steps after each.
@@ -67,15 +68,17 @@ class StepPreset:
 
 # base and paper: the shared H200 measurement's settings; paper without remat: what memory
 # now allows (the Bayesian step needs about 123 GB). The ``_gpu`` presets: the step's shape
-# the frozen model chose for an H200 (docs/performance.md): layers unrolled, no remat, more
-# sequences per step; not run by default (their compiles take minutes).
+# the frozen model chose for an H200 (gin_configs/hardware/gpu.gin): layers unrolled, no
+# remat, cuDNN attention without attention dropout, more sequences per step; not run by
+# default (their compiles take minutes).
+GPU_SHAPE = (("scan_layers", False), ("attention_dropout_rate", 0.0),
+             ("attention_kernel", "cudnn"))
 STEP_PRESETS = {"base": StepPreset("base", 32, 256, "none"),
                 "paper": StepPreset("paper", 8, 256, "full"),
                 "paper_no_remat": StepPreset("paper", 8, 256, "none", separate=True),
-                "base_gpu": StepPreset("base", 64, 256, "none",
-                                       overrides=(("scan_layers", False),)),
+                "base_gpu": StepPreset("base", 128, 256, "none", overrides=GPU_SHAPE),
                 "paper_gpu": StepPreset("paper", 16, 256, "none", separate=True,
-                                        overrides=(("scan_layers", False),))}
+                                        overrides=GPU_SHAPE)}
 DEFAULT_PRESETS = ("base", "paper", "paper_no_remat")
 TOY_PRESETS = {"tiny": StepPreset("tiny", 4, 16, "none")}
 INPUTS = "5 6 7 8\n9 10 11\n2 3\n"

@@ -95,4 +95,5 @@ def test_the_gpu_gin_file_gives_the_chosen_shape():
   from meshbayes.models.configurables import preset_config
   config = preset_config("paper", bindings=["include 'hardware/gpu.gin'"])
   assert (config.scan_layers, config.remat_policy, config.dtype) == (False, "none", "bfloat16")
-  assert (config.emb_dim, config.attention_kernel) == (1024, "xla")  # the preset's, untouched
+  assert (config.attention_kernel, config.attention_dropout_rate) == ("cudnn", 0.0)
+  assert (config.emb_dim, config.dropout_rate) == (1024, 0.1)  # the preset's, untouched
