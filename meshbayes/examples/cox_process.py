@@ -166,7 +166,8 @@ def load_pattern(name: str, seed: int) -> dict[str, np.ndarray]:
   else:
     truth = PoissonProcessDistribution(synthetic_intensity, low=(0.0, 0.0), high=(1.0, 1.0),
                                        rate_bound=3100.0, max_points=4096)
-    sampled, mask = jax.jit(truth.sample)(jax.random.key(seed))
+    sampled, mask, diagnostics = jax.jit(truth.sample_with_diagnostics)(jax.random.key(seed))
+    diagnostics.check_bound()  # an exact sample of the truth, or a one-line error
     points = np.asarray(sampled)[np.asarray(mask)]
   keep = np.random.default_rng(seed).random(len(points)) < THINNING_P
   return {"train": points[keep].astype(np.float32), "test": points[~keep].astype(np.float32)}

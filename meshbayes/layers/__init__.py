@@ -64,7 +64,8 @@ from meshbayes.layers.lstm import (
 )
 from meshbayes.layers.kl import KL_COLLECTION, KL_NAME, kl_penalty, total_kl
 from meshbayes.layers.moped import moped_params
-from meshbayes.layers.poisson_process import PoissonProcess, PoissonProcessDistribution
+from meshbayes.layers.poisson_process import (PoissonProcess, PoissonProcessDistribution,
+                                              ThinningDiagnostics)
 from meshbayes.layers.priors import (
                                     NormalPrior,
                                     Prior,
@@ -170,6 +171,7 @@ __all__ = [
                                     "ParameterCounts",
                                     "PoissonProcess",
                                     "PoissonProcessDistribution",
+                                    "ThinningDiagnostics",
                                     "Prior",
                                     "ScaleMixtureNormalPrior",
                                     "TrainableNormalPrior",

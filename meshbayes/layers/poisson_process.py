@@ -2,9 +2,13 @@
 
 A point pattern ``X = {x_1, ..., x_n}`` in the box ``B = [low, high]`` (1-D,
 2-D, any ``d``; the quadrature grid has ``quadrature_order ** d`` nodes) with
-intensity ``rate(x) > 0`` has the log density (against the unit-rate process)::
+intensity ``rate(x) > 0`` has the (standard Poisson-process) log-likelihood::
 
   log p(X) = sum_i log rate(x_i) - integral_B rate(x) dx
+
+the log of the density of the points against Lebesgue measure ``dx_1 ... dx_n`` (so a
+unit rate gives ``-|B|`` for any ``X``). The log density against the unit-rate process, a
+likelihood ratio, would be ``|B|`` (the box's volume) higher.
 
 ``PoissonProcessDistribution`` holds the rate as a function of locations
 ``(..., d) -> (...)`` and is TFP-shaped but pure JAX (no TensorFlow import):
@@ -30,7 +34,11 @@ intensity ``rate(x) > 0`` has the log density (against the unit-rate process)::
   ``None`` estimates it as ``rate_bound_margin`` (1.5) times the largest rate
   on a uniform grid of ``2 * quadrature_order + 1`` points per axis (edges
   included): exact sampling needs the true maximum below it, which the margin
-  covers for rates smooth at the grid's scale. Proposals beyond
+  covers for rates smooth at the grid's scale. Where the rate exceeds the
+  bound (a peak narrower than the grid's spacing) the proposals there are all
+  kept, so the sample has too few points there: ``sample_with_diagnostics``
+  also returns ``ThinningDiagnostics``, the count of such proposals per
+  sample, and its ``check_bound()`` raises if any. Proposals beyond
   ``max_points`` are dropped (``truncation_probability()`` says how often).
   The rate is taken as a fixed function: a stochastic one (a GP's marginal
   samples) must be fixed first, e.g. to its posterior mean.
@@ -48,6 +56,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import flax.linen as nn
 import jax
@@ -93,6 +102,45 @@ def _check_box(owner: str, low: Sequence[float], high: Sequence[float]) -> None:
                      "with high > low in every dimension")
 
 
+class ThinningDiagnostics(NamedTuple):
+  """What a thinning sample reports about its bound (a pytree: it leaves ``jit`` as arrays).
+
+  A proposal whose rate exceeds the bound is kept with probability 1 instead of
+  ``rate / bound > 1``: the sample has too few points where that happens, by the
+  rate's excess over the bound. ``exceeded > 0`` says so; zero everywhere is the
+  exact sampler.
+
+  Attributes:
+    exceeded: ``(*sample_shape,)`` int32, the proposals with ``rate > bound`` per sample.
+    max_rate: ``(*sample_shape,)``, the largest rate at a sample's proposals (0 if none).
+    bound: ``()``, the thinning bound used.
+  """
+
+  exceeded: Array
+  max_rate: Array
+  bound: Array
+
+  def check_bound(self) -> None:
+    """Raises a one-line ValueError if any proposal's rate exceeded the bound (host-side only).
+
+    >>> diagnostics = ThinningDiagnostics(exceeded=np.array([0, 2]),
+    ...                                   max_rate=np.array([9.0, 40.0]), bound=np.array(30.0))
+    >>> diagnostics.check_bound()
+    Traceback (most recent call last):
+    ValueError: PoissonProcess.sample: 2 proposals (in 1 of 2 samples) had rate > the thinning ...
+    """
+    exceeded = np.asarray(self.exceeded)
+    total = int(exceeded.sum())
+    if total == 0:
+      return
+    largest = float(np.max(self.max_rate))
+    raise ValueError(
+        f"PoissonProcess.sample: {total} proposals (in {int(np.count_nonzero(exceeded))} of "
+        f"{exceeded.size} samples) had rate > the thinning bound {float(self.bound):.6g} "
+        f"(largest rate seen {largest:.6g}), so the sample has too few points there; pass "
+        f"rate_bound above the rate's maximum (>= {largest:.6g}) or a larger rate_bound_margin")
+
+
 @dataclasses.dataclass(frozen=True)
 class PoissonProcessDistribution:
   """An inhomogeneous Poisson process on a box (pure functions; see the module docstring).
@@ -110,6 +158,10 @@ class PoissonProcessDistribution:
     >>> log_prob = process.log_prob(points, mask)   # sum_i log 50 - 100, per set
     >>> bool(jnp.allclose(log_prob, mask.sum(-1) * jnp.log(50.0) - 100.0))
     True
+    >>> _, _, diagnostics = process.sample_with_diagnostics(jax.random.key(0), (3,))
+    >>> diagnostics.exceeded.tolist()   # no proposal's rate above the bound 75 (1.5 x 50)
+    [0, 0, 0]
+    >>> diagnostics.check_bound()       # so this passes
 
   Attributes:
     rate_fn: the intensity, locations ``(..., d)`` to positive rates ``(...)``.
@@ -213,7 +265,21 @@ class PoissonProcessDistribution:
     """Point sets by thinning: ``points`` ``(*sample_shape, max_points, d)`` and their ``mask``.
 
     The kept points come first in each set (``points[..., :mask.sum(-1), :]``);
-    the padding holds rejected proposals, to be ignored.
+    the padding holds rejected proposals, to be ignored. Exact only if the rate
+    stays below the bound: where it exceeds it the sample has too few points,
+    silently here; ``sample_with_diagnostics`` counts such proposals.
+    """
+    points, mask, _ = self.sample_with_diagnostics(key, sample_shape)
+    return points, mask
+
+  def sample_with_diagnostics(self, key: Array, sample_shape: Sequence[int] = ()
+                              ) -> tuple[Array, Array, ThinningDiagnostics]:
+    """``sample``'s ``points`` and ``mask`` (the same draws), and its ``ThinningDiagnostics``.
+
+    Jits (no host-side check inside): ``diagnostics.exceeded`` counts, per
+    sample, the proposals with ``rate > bound``, which are kept with
+    probability 1 instead of ``rate / bound``, so the sample has too few points
+    there; call ``diagnostics.check_bound()`` outside ``jit`` to raise on them.
     """
     sample_shape = tuple(sample_shape)
     bound = self.thinning_bound()
@@ -227,17 +293,22 @@ class PoissonProcessDistribution:
       arrivals = jnp.cumsum(jax.random.exponential(key_count, (self.max_points,)))
       proposed = arrivals < bound * self.volume
       proposals = low + (high - low) * jax.random.uniform(key_where, (self.max_points, self.ndim))
-      kept = proposed & (jax.random.uniform(key_keep, (self.max_points,)) * bound
-                         < self.rate_fn(proposals))
+      rates = self.rate_fn(proposals)
+      kept = proposed & (jax.random.uniform(key_keep, (self.max_points,)) * bound < rates)
       # A stable partition, kept points first: each goes to its rank within its group.
       rank = jnp.where(kept, jnp.cumsum(kept) - 1, jnp.sum(kept) + jnp.cumsum(~kept) - 1)
+      # Only real proposals count; the slots beyond the Poisson count are never drawn.
+      exceeded = jnp.sum(proposed & (rates > bound), dtype=jnp.int32)
+      max_rate = jnp.max(jnp.where(proposed, rates, 0.0))
       return (jnp.zeros_like(proposals).at[rank].set(proposals),
-              jnp.zeros_like(kept).at[rank].set(kept))
+              jnp.zeros_like(kept).at[rank].set(kept), exceeded, max_rate)
 
     keys = jax.random.split(key, math.prod(sample_shape))
-    points, mask = jax.vmap(one)(keys)
+    points, mask, exceeded, max_rate = jax.vmap(one)(keys)
+    diagnostics = ThinningDiagnostics(exceeded.reshape(sample_shape),
+                                      max_rate.reshape(sample_shape), bound)
     return (points.reshape(sample_shape + points.shape[1:]),
-            mask.reshape(sample_shape + mask.shape[1:]))
+            mask.reshape(sample_shape + mask.shape[1:]), diagnostics)
 
 
 class PoissonProcess(nn.Module):

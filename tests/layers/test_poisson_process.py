@@ -1,4 +1,4 @@
-"""PoissonProcess: log_prob in closed form, thinning's counts and intensity, quadrature order."""
+"""PoissonProcess: log_prob in closed form, thinning's counts, intensity and bound, quadrature."""
 
 import math
 
@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats
+from scipy import special, stats
 
 from meshbayes.layers import PoissonProcess, PoissonProcessDistribution
 from meshbayes.layers.poisson_process import quadrature_rule
@@ -84,6 +84,101 @@ def test_thinned_samples_have_the_intensity_of_an_inhomogeneous_rate():
   assert np.max(np.abs(observed - expected) / np.sqrt(expected)) < 4.5
   # The cells differ 6x in expected count (the peak's cell against a corner's).
   assert expected.max() / expected.min() > 5
+
+
+# A 1-D bump 400 high, sd 0.0025, centred between two points of the bound's grid (65 points,
+# spacing 1 / 64, at the default quadrature_order=32), on a floor of 5: the grid's largest rate is
+# 8.03, so the estimated bound is 12.05 while the true peak is 405.
+BUMP_FLOOR, BUMP_HEIGHT, BUMP_CENTRE, BUMP_SD = 5.0, 400.0, 32.5 / 64, 0.0025
+
+
+def _narrow_bump(x):
+  return BUMP_FLOOR + BUMP_HEIGHT * jnp.exp(-jnp.square(x[..., 0] - BUMP_CENTRE)
+                                            / (2 * BUMP_SD ** 2))
+
+
+def _bump_integral(cap=math.inf):
+  """``integral_0^1 min(_narrow_bump, cap)``, closed form: the mean count at thinning bound cap."""
+  # The bump's mass; its tails beyond 0 and 1 (200 sd away) are nothing in float64.
+  mass = BUMP_HEIGHT * BUMP_SD * math.sqrt(2 * math.pi)
+  if cap >= BUMP_FLOOR + BUMP_HEIGHT:
+    return BUMP_FLOOR + mass
+  # rate > cap within `half` of the centre: there the integrand is cap; outside, the rate.
+  half = BUMP_SD * math.sqrt(2 * math.log(BUMP_HEIGHT / (cap - BUMP_FLOOR)))
+  return (cap * 2 * half + BUMP_FLOOR * (1 - 2 * half)
+          + mass * special.erfc(half / (BUMP_SD * math.sqrt(2))))
+
+
+def test_a_rate_above_the_estimated_bound_is_counted_and_checked():
+  process = PoissonProcessDistribution(_narrow_bump, low=(0.0,), high=(1.0,), max_points=64)
+  bound = float(process.thinning_bound())
+  assert bound == pytest.approx(1.5 * 8.0303, rel=1e-4)
+  draws = 20_000
+  points, mask, diagnostics = jax.jit(
+      lambda key: process.sample_with_diagnostics(key, (draws,)))(jax.random.key(2))
+  assert diagnostics.exceeded.shape == (draws,)
+  assert float(diagnostics.bound) == pytest.approx(bound, rel=1e-6)
+  # Proposals are a Poisson process of rate `bound`: those where rate > bound, an interval of
+  # length 0.01421 around the peak, are Poisson(bound x 0.01421 = 0.171) per sample.
+  half = BUMP_SD * math.sqrt(2 * math.log(BUMP_HEIGHT / (bound - BUMP_FLOOR)))
+  expected = bound * 2 * half
+  assert expected == pytest.approx(0.1712, rel=1e-3)
+  exceeded = np.asarray(diagnostics.exceeded, np.float64)
+  assert abs(exceeded.mean() - expected) < 4 * math.sqrt(expected / draws)
+  # The largest rate seen is near the peak: rate > 0.95 x 405 within 0.32 sd of the centre,
+  # 0.019 proposals per sample there, 388 expected over the draws (none: e^-388).
+  assert 0.95 * 405 < float(np.max(diagnostics.max_rate)) <= 405 * (1 + 1e-6)
+  # The sample is short by the rate's excess over the bound: its counts have mean
+  # integral min(rate, bound) = 5.11, not the integrated rate 7.51 (32% fewer).
+  counts = np.asarray(mask.sum(-1), np.float64)
+  short, full = _bump_integral(bound), _bump_integral()
+  assert short == pytest.approx(5.111, rel=1e-3) and full == pytest.approx(7.507, rel=1e-3)
+  assert abs(counts.mean() - short) < 4 * math.sqrt(short / draws)
+  # `sample` draws the same points (same key), and the check names the count and the values.
+  same_points, same_mask = jax.jit(lambda key: process.sample(key, (draws,)))(jax.random.key(2))
+  np.testing.assert_array_equal(same_mask, mask)
+  np.testing.assert_array_equal(same_points, points)
+  total = int(exceeded.sum())
+  largest = float(np.max(diagnostics.max_rate))
+  message = (rf"^PoissonProcess.sample: {total} proposals \(in \d+ of {draws} samples\) had rate > "
+             rf"the thinning bound {bound:.6g} \(largest rate seen {largest:.6g}\).*pass "
+             rf"rate_bound above the rate's maximum \(>= {largest:.6g}\) or a larger "
+             r"rate_bound_margin$")
+  with pytest.raises(ValueError, match=message):
+    diagnostics.check_bound()
+
+
+@pytest.mark.parametrize("rate_fn, rate_bound, max_points", [
+    (_constant(20.0), None, 64),      # estimated bound 30 over a constant 20
+    (_constant(20.0), 20.0, 64),      # a bound equal to the rate is exact too
+    (_narrow_bump, 420.0, 576),       # the narrow bump under an adequate bound (peak 405)
+])
+def test_a_rate_within_its_bound_exceeds_it_nowhere(rate_fn, rate_bound, max_points):
+  process = PoissonProcessDistribution(rate_fn, low=(0.0,), high=(1.0,), rate_bound=rate_bound,
+                                       max_points=max_points)
+  _, _, diagnostics = jax.jit(
+      lambda key: process.sample_with_diagnostics(key, (500,)))(jax.random.key(3))
+  assert np.asarray(diagnostics.exceeded).tolist() == [0] * 500
+  assert float(np.max(diagnostics.max_rate)) <= float(diagnostics.bound)
+  diagnostics.check_bound()   # does not raise
+
+
+def test_an_adequate_bound_samples_the_narrow_bump_in_full():
+  # rate_bound=420 over the peak 405: proposals Poisson(420), 576 slots (7 sd above).
+  process = PoissonProcessDistribution(_narrow_bump, low=(0.0,), high=(1.0,), rate_bound=420.0,
+                                       max_points=576)
+  assert float(process.truncation_probability()) < 1e-9
+  draws = 4_000
+  _, mask, diagnostics = jax.jit(
+      lambda key: process.sample_with_diagnostics(key, (draws,)))(jax.random.key(4))
+  assert int(np.sum(diagnostics.exceeded)) == 0
+  # Counts Poisson(7.507), the closed-form integral: the mean within 4 standard errors
+  # (0.043), far from the short sampler's 5.11.
+  counts = np.asarray(mask.sum(-1), np.float64)
+  expected = _bump_integral()
+  assert abs(counts.mean() - expected) < 4 * math.sqrt(expected / draws)
+  assert abs(counts.var(ddof=1) - expected) < 4.5 * math.sqrt((expected + 2 * expected ** 2)
+                                                              / draws)
 
 
 def _smooth(x):
