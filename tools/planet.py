@@ -8,7 +8,10 @@ reused by a rerun with the same settings (so an interrupted run resumes); then
 ``OUT/planet.json`` (the summary of ``meshbayes.planet.report``) and ``OUT/planet.png``.
 
 Run: ``python -m meshbayes.tools.planet --preset=cpu --seeds=3 --out=runs/planet``
-(``make planet``; ``--train_episodes`` and ``--train_steps`` resize a preset).
+(``make planet``; ``--train_episodes`` and ``--train_steps`` resize a preset,
+``--transition_prior`` and ``--transition_stddev_ratio`` set the Bayesian transition's,
+``--reward_scale`` the reward loss's weight;
+``--first_seed`` moves the seeds, e.g. a pilot's apart from the reported ones).
 """
 
 from __future__ import annotations
@@ -33,15 +36,24 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
   parser.add_argument("--seeds", type=int, default=3)
+  parser.add_argument("--first_seed", type=int, default=0)
   parser.add_argument("--estimators", default="deterministic,reparameterization")
   parser.add_argument("--train_episodes", type=int, default=None)
   parser.add_argument("--train_steps", type=int, default=None)
+  parser.add_argument("--transition_prior", default=None)
+  parser.add_argument("--transition_stddev_ratio", type=float, default=None)
+  parser.add_argument("--reward_scale", type=float, default=None)
   parser.add_argument("--out", default="runs/planet")
   parser.add_argument("--title", default="")
   args = parser.parse_args(argv)
   if args.seeds < 1:
     parser.error(f"--seeds={args.seeds} must be at least 1")
-  overrides = {name: getattr(args, name) for name in ("train_episodes", "train_steps")
+  if args.first_seed < 0:
+    parser.error(f"--first_seed={args.first_seed} must be at least 0")
+  overrides = {name: getattr(args, name) for name in ("train_episodes", "train_steps",
+                                                       "transition_prior",
+                                                       "transition_stddev_ratio",
+                                                       "reward_scale")
                if getattr(args, name) is not None}
   estimators = [e for e in args.estimators.split(",") if e]
   try:
@@ -53,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
   agents = {e: Agent(config) for e, config in configs.items()}
   records = {e: [] for e in estimators}
   start = time.perf_counter()
-  for seed in range(args.seeds):
+  for seed in range(args.first_seed, args.first_seed + args.seeds):
     for estimator, config in configs.items():
       config = dataclasses.replace(config, seed=seed)
       path = os.path.join(args.out, "runs", f"{estimator}_seed{seed}.json")
@@ -69,7 +81,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
           json.dump(record, f)
         os.replace(path + ".tmp", path)
       records[estimator].append(record)
-      print(f"{estimator} seed {seed}: held-out return {record['eval_returns']}, "
+      returns = ", ".join(f"{rule} {sum(r) / len(r):.1f}"
+                          for rule, r in record["eval_returns"].items())
+      print(f"{estimator} seed {seed}: held-out return {returns}, "
             f"probe R^2 {record['velocity_probe_r2']:.3f}, "
             f"{record['wall_seconds']:.0f} s ({time.perf_counter() - start:.0f} s so far)",
             flush=True)
@@ -80,10 +94,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
   with open(os.path.join(args.out, "planet.json"), "w") as f:
     json.dump(summary, f, indent=2)
   report.plot(summary, os.path.join(args.out, "planet.png"), args.title)
-  print(json.dumps({"ratios_to_deterministic": summary.get("ratios_to_deterministic"),
-                    **{e: {k: a[k] for k in ("eval_return_median", "velocity_probe_r2_median",
-                                              "train_step_seconds", "wall_seconds")}
-                       for e, a in summary["agents"].items()}}, indent=2))
+  for estimator, comparison in summary.get("comparisons", {}).items():
+    for rule, entry in comparison["rules"].items():
+      held_out = entry["held_out"]
+      interval = ("" if held_out["low"] is None
+                  else f" [{held_out['low']:.1f}, {held_out['high']:.1f}] {entry['verdict']}")
+      chosen = " (chosen on validation)" if rule == comparison["chosen_rule"] else ""
+      print(f"{estimator} {rule}{chosen} minus PlaNet, held-out return: "
+            f"{held_out['estimate']:.1f}{interval}")
+    if comparison["power"]:
+      print(f"power: {json.dumps(comparison['power'])}")
   print(f"wrote {args.out}/planet.json and {args.out}/planet.png")
   return summary
 

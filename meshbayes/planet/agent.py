@@ -1,15 +1,20 @@
 """The PlaNet agent: collecting episodes, the replay buffer, and the training step.
 
 Collection runs a whole episode as one jitted scan: render the pendulum, update the
-posterior state with the image, plan with CEM over imagined rollouts (one transition
-weight sample per decision for a Bayesian agent), add exploration noise, and repeat the
-action ``action_repeat`` environment steps. Seed episodes act uniformly at random.
+posterior state with the image, plan with CEM over imagined rollouts, add exploration
+noise, and repeat the action ``action_repeat`` environment steps. Seed episodes act
+uniformly at random. A Bayesian agent acts on its weight posterior by a decision rule
+(``config.DECISION_RULES``); every rule runs the transition at fixed weights (the mean or
+a sample drawn by ``posteriors.sample_weights``) with ``deterministic=True``.
 
 The loss per decision (the unit of the data) is PlaNet's: the image's Gaussian NLL summed
-over pixels (unit variance, constant dropped), the reward's, and
-``max(free_nats, mean KL(posterior || prior))``; a Bayesian agent adds its transition
-weights' KL scaled as ``kl_penalty`` scales it, over ``D`` = the decisions in the replay
-buffer (passed as ``1 / D``, so the step compiles once while the buffer grows).
+over pixels (unit variance, constant dropped), ``reward_scale`` times the reward's (the
+decision's reward, summed over its environment steps, in units of
+``pendulum.REWARD_UNIT``), and the latent KL(posterior ||
+prior) clamped below at ``free_nats`` per (sequence, decision) before the mean; a Bayesian
+agent adds its transition weights' KL scaled as ``kl_penalty`` scales it, over ``D`` = the
+decisions in the replay buffer (passed as ``1 / D``, so the step compiles once while the
+buffer grows).
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from meshbayes.layers.posteriors import sample_weights
 from meshbayes.planet import pendulum, rollout
-from meshbayes.planet.config import PlanetConfig
+from meshbayes.planet.config import DECISION_RULES, PlanetConfig
 from meshbayes.planet.model import LatentState, WorldModel, gaussian_kl, world_model
 from meshbayes.planet.planner import cem
 from meshbayes.planet.render import render
@@ -121,16 +127,19 @@ class Agent:
     predicted = self.model.apply(variables, states, method=WorldModel.decode)
     image_nll = 0.5 * jnp.mean(jnp.sum(jnp.square(images - predicted), axis=(-3, -2, -1)))
     rewards = self.model.apply(variables, states, method=WorldModel.reward)
-    # The reward model predicts the reward per environment step.
-    targets = batch["rewards"] / c.action_repeat
+    targets = batch["rewards"] / pendulum.REWARD_UNIT
     reward_nll = 0.5 * jnp.mean(jnp.square(targets - rewards))
-    latent_kl = jnp.mean(gaussian_kl(posteriors, priors))
+    latent_kl = gaussian_kl(posteriors, priors)  # (batch, time)
+    # Clamped per element, as PlaNet: a batch mean under free_nats would cut the prior's
+    # gradient everywhere, also where one element's KL is large.
+    latent_term = jnp.mean(jnp.maximum(c.free_nats, latent_kl))
     weight_kl = rollout.weight_kl(self.model, params)
     # kl_penalty's per-unit scaling, kl_weight * KL / D, with 1 / D traced.
-    loss = (image_nll + reward_nll + jnp.maximum(c.free_nats, latent_kl)
+    loss = (image_nll + c.reward_scale * reward_nll + latent_term
             + c.weight_kl_weight * weight_kl * inverse_decisions)
     return loss, {"loss": loss, "image_nll": image_nll, "reward_nll": reward_nll,
-                  "latent_kl": latent_kl, "weight_kl": weight_kl}
+                  "latent_kl": jnp.mean(latent_kl), "latent_term": latent_term,
+                  "weight_kl": weight_kl}
 
   def _step(self, params, opt_state, batch, key, inverse_decisions):
     grads, metrics = jax.grad(self.loss, has_aux=True)(params, batch, key, inverse_decisions)
@@ -164,38 +173,52 @@ class Agent:
     """An episode of uniformly random actions."""
     return self.call_compiled("random_episode", self._random_episode, key)
 
-  def policy_episode(self, params, key: Array, noise_stddev: float) -> "Episode":
-    """An episode of the planner's actions plus Gaussian noise of ``noise_stddev``."""
-    return self.call_compiled("policy_episode", self._policy_episode, params, key,
+  def policy_episode(self, params, key: Array, noise_stddev: float,
+                     rule: str | None = None) -> "Episode":
+    """An episode of the planner's actions plus Gaussian noise of ``noise_stddev``, acting by
+    decision ``rule`` (default ``config.collect_rule``; ``mean`` for a deterministic agent)."""
+    rule = rule or (self.config.collect_rule if self.config.bayesian else "mean")
+    if rule not in self.config.decision_rules:
+      raise ValueError(f"Agent.policy_episode: rule={rule!r} is not one of "
+                       f"{', '.join(self.config.decision_rules)} for this agent")
+    return self.call_compiled(f"policy_episode_{rule}",
+                              functools.partial(self._policy_episode, rule=rule), params, key,
                               jnp.asarray(noise_stddev, jnp.float32))
 
   # Acting.
 
-  def plan(self, params, state: LatentState, key: Array) -> Array:
-    """The first action of CEM's plan from the posterior ``state`` (batch 1)."""
+  def plan_objective(self, weights: list, state: LatentState, actions: Array,
+                     key_noise: Array) -> Array:
+    """CEM's score of ``actions`` ``(N, horizon, A)`` from ``state`` (batch 1): the predicted
+    return, averaged over the transition ``weights`` (parameter sets run at
+    ``deterministic=True``), each under the same latent noise."""
+    initial = jax.tree.map(lambda x: jnp.broadcast_to(x, (len(actions),) + x.shape[1:]), state)
+    noise = jax.random.normal(key_noise, actions.shape[:2] + (self.config.stoch_size,))
+    returns = [jnp.sum(rollout.imagine_sequence(self.model, w, initial, actions, noise,
+                                                 key_noise, deterministic=True)[1], axis=1)
+               for w in weights]
+    return sum(returns) / len(returns)
+
+  def plan(self, weights: list, state: LatentState, key: Array) -> Array:
+    """The first action of CEM's plan from the posterior ``state`` (batch 1), scored by
+    ``plan_objective`` over ``weights``."""
     c = self.config
-    key_weights, key_cem = jax.random.split(key)
-
-    def objective(actions, key_noise):
-      initial = jax.tree.map(lambda x: jnp.broadcast_to(x, (len(actions),) + x.shape[1:]),
-                             state)
-      noise = jax.random.normal(key_noise, actions.shape[:2] + (c.stoch_size,))
-      _, rewards = rollout.imagine_sequence(self.model, params, initial, actions, noise,
-                                            key_weights)
-      return jnp.sum(rewards, axis=1)
-
-    plan = cem(objective, key_cem, horizon=c.horizon, action_dim=ACTION_DIM,
-               iterations=c.cem_iterations, candidates=c.cem_candidates, top_k=c.cem_top_k)
+    plan = cem(functools.partial(self.plan_objective, weights, state), key, horizon=c.horizon,
+               action_dim=ACTION_DIM, iterations=c.cem_iterations,
+               candidates=c.cem_candidates, top_k=c.cem_top_k)
     return plan[0]
 
   def _episode(self, key: Array, choose) -> Episode:
+    """Runs ``choose(decision_key, episode_key, image, latent, prev_action)`` for every
+    decision; the start state depends on ``key`` alone."""
     c = self.config
-    key_reset, key_run = jax.random.split(key)
+    key_reset, key_run, key_episode = jax.random.split(key, 3)
 
     def decide(carry, t):
       env, latent, prev_action = carry
       image = render(env.theta, c.image_size)
-      latent, action = choose(jax.random.fold_in(key_run, t), image, latent, prev_action)
+      latent, action = choose(jax.random.fold_in(key_run, t), key_episode, image, latent,
+                              prev_action)
       next_env, reward = pendulum.repeated_step(env, action[0], c.action_repeat)
       return (next_env, latent, action), (image, action, reward, env.theta_dot)
 
@@ -210,21 +233,36 @@ class Agent:
         velocities=jnp.concatenate([velocities, env.theta_dot[None]]))
 
   def _random_episode(self, key: Array) -> Episode:
-    def choose(key, image, latent, prev_action):
+    def choose(key, key_episode, image, latent, prev_action):
       return latent, jax.random.uniform(key, (ACTION_DIM,), minval=-1.0, maxval=1.0)
     return self._episode(key, choose)
 
-  def _policy_episode(self, params, key: Array, noise_stddev: Array) -> Episode:
-    variables = {"params": params}
+  def rule_weights(self, params, rule: str, key_decision: Array, key_episode: Array
+                   ) -> tuple[object, list]:
+    """The weights a decision filters with and the list it plans with, under ``rule``."""
+    if rule == "mean":
+      return params, [params]
+    if rule == "thompson":
+      sample = sample_weights(params, key_episode)
+      return sample, [sample]
+    if rule == "per_decision":
+      sample = sample_weights(params, key_decision)
+      return sample, [sample]
+    keys = jax.random.split(key_decision, self.config.plan_samples)
+    return params, [sample_weights(params, k) for k in keys]  # "average"
 
-    def choose(key, image, latent, prev_action):
-      key_latent, key_plan, key_explore = jax.random.split(key, 3)
+  def _policy_episode(self, params, key: Array, noise_stddev: Array, rule: str) -> Episode:
+    assert rule in DECISION_RULES, rule
+
+    def choose(key, key_episode, image, latent, prev_action):
+      key_latent, key_plan, key_explore, key_weights = jax.random.split(key, 4)
+      filter_weights, plan_weights = self.rule_weights(params, rule, key_weights, key_episode)
+      variables = {"params": filter_weights}
       embed = self.model.apply(variables, image[None], method=WorldModel.encode)
       noise = jax.random.normal(key_latent, (1, self.config.stoch_size))
-      latent, _, _ = self.model.apply(variables, latent, prev_action[None], embed, noise,
-                                      rngs={"sample": key_plan},
+      latent, _, _ = self.model.apply(variables, latent, prev_action[None], embed, noise, True,
                                       method=WorldModel.observe_step)
-      action = self.plan(params, latent, key_plan)
+      action = self.plan(plan_weights, latent, key_plan)
       action = action + noise_stddev * jax.random.normal(key_explore, action.shape)
       return latent, jnp.clip(action, -1.0, 1.0)
     return self._episode(key, choose)

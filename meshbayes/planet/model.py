@@ -8,8 +8,8 @@ encoder embeds images, a transposed-convolutional decoder and an MLP reward mode
 state ``concat(deter, stoch)``.
 
 Bayesian PlaNet differs in one place: the transition's three Dense layers are
-``dense_class(estimator)`` (``DenseReparameterization``), the GRU, posterior, encoder,
-decoder and reward model stay deterministic. A Bayesian transition draws its weights from
+``dense_class(estimator)`` (``DenseReparameterization``, its prior N(0, 1) or fan-in
+scaled), the GRU, posterior, encoder, decoder and reward model stay deterministic. A Bayesian transition draws its weights from
 the ``'sample'`` rng: an ``apply`` with one key uses one weight sample in all its calls,
 so a rollout scanned over ``apply`` calls with the same key sees one sampled transition
 function. The latent noise is an argument, so every call is reproducible.
@@ -17,13 +17,14 @@ function. The latent noise is an argument, so every call is reproducible.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from meshbayes.layers import dense_class
+from meshbayes.layers import NormalPrior, dense_class, fan_in_stddev
 
 Array = jax.Array
 
@@ -93,15 +94,23 @@ class Decoder(nn.Module):
 
 
 class RSSM(nn.Module):
-  """The transition (prior) and the posterior of the latent state; see the module docstring."""
+  """The transition (prior) and the posterior of the latent state; see the module docstring.
+
+  ``transition_prior`` and ``transition_stddev_ratio`` are ``PlanetConfig``'s (a
+  deterministic transition ignores them)."""
   deter_size: int
   stoch_size: int
   hidden_size: int
   min_std: float
   estimator: str
+  transition_prior: str = "standard_normal"
+  transition_stddev_ratio: float = 0.1
 
   def setup(self):
-    transition_dense = dense_class(self.estimator)
+    transition_dense = functools.partial(
+        dense_class(self.estimator),
+        prior=NormalPrior(fan_in_scaled=self.transition_prior == "fan_in_scaled"),
+        kernel_stddev_init=fan_in_stddev(self.transition_stddev_ratio))
     self.transition_input = transition_dense(self.hidden_size)
     self.cell = nn.GRUCell(self.deter_size)
     self.transition_hidden = transition_dense(self.hidden_size)
@@ -145,13 +154,15 @@ class WorldModel(nn.Module):
   conv_depth: int
   min_std: float
   estimator: str
+  transition_prior: str = "standard_normal"
+  transition_stddev_ratio: float = 0.1
   action_dim: int = 1
 
   def setup(self):
     self.encoder = Encoder(self.conv_depth)
     self.decoder = Decoder(self.conv_depth, self.image_size)
     self.rssm = RSSM(self.deter_size, self.stoch_size, self.hidden_size, self.min_std,
-                     self.estimator)
+                     self.estimator, self.transition_prior, self.transition_stddev_ratio)
     self.reward_hidden = [nn.Dense(self.hidden_size), nn.Dense(self.hidden_size)]
     self.reward_out = nn.Dense(1)
 
@@ -167,7 +178,8 @@ class WorldModel(nn.Module):
     return self.decoder(features(state))
 
   def reward(self, state: LatentState) -> Array:
-    """The predicted reward per environment step of arriving at ``state``."""
+    """The predicted reward of arriving at ``state``: the decision's, summed over its
+    ``action_repeat`` environment steps, in units of ``pendulum.REWARD_UNIT``."""
     x = features(state)
     for layer in self.reward_hidden:
       x = nn.relu(layer(x))
@@ -190,4 +202,5 @@ class WorldModel(nn.Module):
 def world_model(config) -> WorldModel:
   """The world model a ``PlanetConfig`` describes."""
   return WorldModel(config.image_size, config.deter_size, config.stoch_size, config.hidden_size,
-                    config.conv_depth, config.min_std, config.estimator)
+                    config.conv_depth, config.min_std, config.estimator,
+                    config.transition_prior, config.transition_stddev_ratio)

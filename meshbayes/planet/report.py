@@ -1,20 +1,87 @@
 """The comparison of PlaNet and Bayesian PlaNet over seeds: summary numbers and a figure.
 
-``summarize`` reduces the per-seed records of ``training.train`` by agent: the return over
-environment steps (median and 5-95 percentiles over seeds), the held-out return, the
-weight KL over training, the open-loop error per predicted step, the velocity probe's
-R^2, and the cost of being Bayesian as ratios to the deterministic agent (train-step time,
-whole-run time, a planned episode's time, and the XLA memory analysis of the compiled
-train step). ``plot`` draws the four panels of docs/planet.md.
+``summarize`` reduces the per-seed records of ``training.train`` by agent (returns over
+environment steps, held-out and validation returns per decision rule, weight KL, losses,
+open-loop error, velocity probe, times, memory) and compares each Bayesian agent with the
+deterministic one seed by seed: per decision rule, the mean over seeds of the paired
+difference of held-out returns with its ``LEVEL`` Student-t interval, read against the
+margin ``MARGIN`` fixed before the runs; the rule chosen on validation returns alone; the
+power of that comparison and the seeds it would need; costs as paired per-seed ratios
+(geometric mean, interval on the logs); the probe and open-loop figures as paired
+differences on the same episodes. ``plot`` draws docs/planet.md's figure.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+from scipy import integrate, stats
+
+from meshbayes.metrics.seed_intervals import t_interval
 
 BASELINE = "deterministic"
+MARGIN = 100.0  # return; fixed 2026-11-28 before any run (about 1.5 x PlaNet's seed spread)
+LEVEL = 0.90
+POWER = 0.80
+OPEN_LOOP_SHORT = 15  # predicted decisions of the "short horizon" open-loop figure
+
+
+def equivalence_power(sd: float, seeds: int, margin: float = MARGIN, level: float = LEVEL,
+                      true_difference: float = 0.0) -> float:
+  """The probability that the ``level`` t-interval of the mean of ``seeds`` paired
+  differences, each N(``true_difference``, ``sd``^2), lies within ``(-margin, margin)``.
+
+  Exact, by integrating over the sample stddev (``s^2 (n - 1) / sd^2`` is chi-square with
+  ``n - 1`` df, independent of the mean).
+
+  >>> round(equivalence_power(112.0, 5), 3), round(equivalence_power(112.0, 12), 3)
+  (0.205, 0.789)
+  """
+  if not (sd > 0 and margin > 0 and seeds >= 2 and 0 < level < 1):
+    raise ValueError(f"equivalence_power: sd={sd!r}, margin={margin!r} must be > 0, "
+                     f"seeds={seeds!r} >= 2 and level={level!r} in (0, 1)")
+  df = seeds - 1
+  quantile = stats.t.ppf(0.5 + level / 2, df)
+  standard_error = sd / math.sqrt(seeds)
+
+  def covered(x):  # x: the chi-square draw
+    width = margin - quantile * standard_error * math.sqrt(x / df)
+    if width <= 0:
+      return 0.0
+    inside = (stats.norm.cdf((width - true_difference) / standard_error)
+              - stats.norm.cdf((-width - true_difference) / standard_error))
+    return inside * stats.chi2.pdf(x, df)
+
+  # The integrand is 0 beyond the chi-square value where the half-width reaches the margin.
+  upper = df * (margin / (quantile * standard_error)) ** 2
+  return min(1.0, float(integrate.quad(covered, 0.0, upper, limit=200)[0]))
+
+
+def seeds_needed(sd: float, margin: float = MARGIN, level: float = LEVEL, power: float = POWER,
+                 true_difference: float = 0.0, most: int = 100) -> int | None:
+  """The fewest seeds (>= 2) whose ``equivalence_power`` reaches ``power``; None beyond
+  ``most``.
+
+  >>> seeds_needed(112.0), seeds_needed(60.0)
+  (13, 5)
+  """
+  for seeds in range(2, most + 1):
+    if equivalence_power(sd, seeds, margin, level, true_difference) >= power:
+      return seeds
+  return None
+
+
+def verdict(low: float, high: float, margin: float = MARGIN) -> str:
+  """What a paired interval of returns (Bayesian minus PlaNet) says against ``margin``."""
+  if -margin < low and high < margin:
+    return f"same task performance (within +-{margin:g})"
+  if high < -margin:
+    return f"worse by more than {margin:g}"
+  if low > margin:
+    return f"better by more than {margin:g}"
+  return "inconclusive"
 
 
 def _band(rows: Sequence[Sequence[float]]) -> dict[str, list[float]]:
@@ -24,65 +91,140 @@ def _band(rows: Sequence[Sequence[float]]) -> dict[str, list[float]]:
           for name, q in (("median", 50), ("p5", 5), ("p95", 95))}
 
 
-def _median_or_none(values: Sequence[float | None]) -> float | None:
-  present = [v for v in values if v is not None]
-  return float(np.median(present)) if present else None
+def _interval(values: Sequence[float], level: float) -> dict[str, object]:
+  """The mean with its t-interval over seeds (the mean alone for one seed)."""
+  values = [float(v) for v in values]
+  if len(values) < 2:
+    return {"estimate": values[0], "low": None, "high": None, "values": values}
+  return {**t_interval(values, level).as_dict(), "values": values}
 
 
-def summarize(records: Mapping[str, Sequence[Mapping]]) -> dict[str, object]:
-  """Per agent (``records[estimator]``: one record per seed), then the ratios of each
-  agent to the deterministic one."""
-  agents = {}
+def _ratio(values: Sequence[float], level: float) -> dict[str, object]:
+  """The geometric mean of per-seed ratios with the exponentiated interval of the logs."""
+  logs = _interval(np.log(values), level)
+  scale = lambda x: None if x is None else float(np.exp(x))
+  return {"estimate": scale(logs["estimate"]), "low": scale(logs["low"]),
+          "high": scale(logs["high"]), "values": [float(v) for v in values]}
+
+
+def chosen_rule(runs: Sequence[Mapping]) -> str:
+  """The decision rule with the highest mean validation return over ``runs`` (first of
+  equals, in the records' order): chosen without the held-out episodes."""
+  rules = list(runs[0]["validation_returns"])
+  means = {rule: np.mean([np.mean(run["validation_returns"][rule]) for run in runs])
+           for rule in rules}
+  return max(rules, key=lambda rule: (means[rule], -rules.index(rule)))
+
+
+def _agent(runs: Sequence[Mapping], level: float) -> dict[str, object]:
+  curve = runs[0]["curve"]
+  trained = [i for i, kl in enumerate(curve["weight_kl"]) if kl is not None]
+  rules = list(runs[0]["eval_returns"])
+  per_seed = lambda key, rule: [float(np.mean(run[key][rule])) for run in runs]
+  return {
+      "seeds": [run["config"]["seed"] for run in runs],
+      "env_steps": curve["env_steps"],
+      "return": _band([run["curve"]["return"] for run in runs]),
+      "chosen_rule": chosen_rule(runs),
+      "validation_return": {rule: _interval(per_seed("validation_returns", rule), level)
+                            for rule in rules},
+      "eval_return": {rule: _interval(per_seed("eval_returns", rule), level) for rule in rules},
+      "eval_returns": [run["eval_returns"] for run in runs],
+      "weight_kl_env_steps": [curve["env_steps"][i] for i in trained],
+      "weight_kl": _band([[run["curve"]["weight_kl"][i] for i in trained] for run in runs]),
+      "final_losses": {name: [run["curve"][name][-1] for run in runs]
+                       for name in ("loss", "image_nll", "reward_nll", "latent_kl",
+                                    "weight_kl")},
+      "open_loop_mse": _band([run["open_loop_mse"] for run in runs]),
+      "open_loop_blank_mse": float(np.median([run["open_loop_blank_mse"] for run in runs])),
+      "velocity_probe_r2": [run["velocity_probe_r2"] for run in runs],
+      "train_step_seconds": [run["train_step_seconds"] for run in runs],
+      "wall_seconds": [run["wall_seconds"] for run in runs],
+      "collect_episode_seconds": [run["collect_episode_seconds"] for run in runs],
+      "eval_episode_seconds": {rule: [run["eval_episode_seconds"][rule] for run in runs]
+                               for rule in rules},
+      # Compiles happen once per agent: the last seed's record holds their total.
+      "compile_seconds": float(max(run["compile_seconds"] for run in runs)),
+      "train_step_memory": runs[0]["train_step_memory"],
+  }
+
+
+def _paired(base: Sequence[Mapping], runs: Sequence[Mapping], margin: float, level: float
+            ) -> dict[str, object]:
+  """Bayesian minus PlaNet, seed by seed, over the seeds both have."""
+  by_seed = lambda records: {run["config"]["seed"]: run for run in records}
+  base, runs = by_seed(base), by_seed(runs)
+  seeds = sorted(set(base) & set(runs))
+  if not seeds:
+    raise ValueError(f"summarize: no seed in common between {sorted(base)} and {sorted(runs)}")
+  pairs = [(base[s], runs[s]) for s in seeds]
+  baseline_rule = next(iter(pairs[0][0]["eval_returns"]))
+
+  def differences(key, rule):
+    return [float(np.mean(r[key][rule]) - np.mean(b[key][baseline_rule])) for b, r in pairs]
+
+  rules = {}
+  for rule in pairs[0][1]["eval_returns"]:
+    held_out = _interval(differences("eval_returns", rule), level)
+    entry = {"held_out": held_out,
+             "validation": _interval(differences("validation_returns", rule), level)}
+    if held_out["low"] is not None:
+      entry["verdict"] = verdict(held_out["low"], held_out["high"], margin)
+      entry["sd"] = float(np.std(held_out["values"], ddof=1))
+    rules[rule] = entry
+  chosen = chosen_rule([r for _, r in pairs])
+  power = {}
+  if "sd" in rules[chosen] and rules[chosen]["sd"] > 0:
+    sd = rules[chosen]["sd"]
+    power = {"sd": sd, "seeds": len(seeds),
+             "power_at_zero": equivalence_power(sd, len(seeds), margin, level),
+             "seeds_needed": seeds_needed(sd, margin, level)}
+  short = lambda run: float(np.mean(run["open_loop_mse"][:OPEN_LOOP_SHORT]))
+  whole = lambda run: float(np.mean(run["open_loop_mse"]))
+  ratio = lambda name: _ratio([r[name] / b[name] for b, r in pairs], level)
+  memory = lambda b, r, field: r["train_step_memory"][field] / b["train_step_memory"][field]
+  return {
+      "seeds": seeds,
+      "rules": rules,
+      "chosen_rule": chosen,
+      "chosen": rules[chosen],
+      "power": power,
+      "train_step_time": ratio("train_step_seconds"),
+      "wall_time": ratio("wall_seconds"),
+      "collect_episode_time": ratio("collect_episode_seconds"),
+      "train_step_memory_total": memory(*pairs[0], "total_bytes"),
+      "train_step_memory_temp": memory(*pairs[0], "temp_size_in_bytes"),
+      "velocity_probe_r2": _interval([r["velocity_probe_r2"] - b["velocity_probe_r2"]
+                                      for b, r in pairs], level),
+      "open_loop_mse_short": _interval([short(r) - short(b) for b, r in pairs], level),
+      "open_loop_mse": _interval([whole(r) - whole(b) for b, r in pairs], level),
+  }
+
+
+def summarize(records: Mapping[str, Sequence[Mapping]], margin: float = MARGIN,
+              level: float = LEVEL) -> dict[str, object]:
+  """Per agent (``records[estimator]``: one record per seed), then each agent against the
+  deterministic one (``comparisons``), paired by seed."""
   for estimator, runs in records.items():
     if not runs:
       raise ValueError(f"summarize: no runs for {estimator!r}")
-    curve = runs[0]["curve"]
-    trained = [i for i, kl in enumerate(curve["weight_kl"]) if kl is not None]
-    agents[estimator] = {
-        "seeds": [run["config"]["seed"] for run in runs],
-        "env_steps": curve["env_steps"],
-        "return": _band([run["curve"]["return"] for run in runs]),
-        "eval_return_median": float(np.median([np.mean(run["eval_returns"]) for run in runs])),
-        "eval_returns": [run["eval_returns"] for run in runs],
-        "weight_kl_env_steps": [curve["env_steps"][i] for i in trained],
-        "weight_kl": _band([[run["curve"]["weight_kl"][i] for i in trained] for run in runs]),
-        "open_loop_mse": _band([run["open_loop_mse"] for run in runs]),
-        "open_loop_blank_mse": _median_or_none([run.get("open_loop_blank_mse")
-                                                for run in runs]),
-        "velocity_probe_r2": [run["velocity_probe_r2"] for run in runs],
-        "velocity_probe_r2_median": float(np.median([run["velocity_probe_r2"] for run in runs])),
-        "train_step_seconds": float(np.median([run["train_step_seconds"] for run in runs])),
-        "wall_seconds": float(np.median([run["wall_seconds"] for run in runs])),
-        "collect_episode_seconds": float(np.median([run["collect_episode_seconds"]
-                                                    for run in runs])),
-        # Compiles happen once per agent: the last seed's record holds their total.
-        "compile_seconds": float(max(run["compile_seconds"] for run in runs)),
-        "train_step_memory": runs[0]["train_step_memory"],
-    }
-  summary = {"agents": agents}
-  if BASELINE in agents:
-    base = agents[BASELINE]
-    summary["ratios_to_deterministic"] = {
-        estimator: {
-            "train_step_time": agent["train_step_seconds"] / base["train_step_seconds"],
-            "wall_time": agent["wall_seconds"] / base["wall_seconds"],
-            "collect_episode_time": (agent["collect_episode_seconds"]
-                                     / base["collect_episode_seconds"]),
-            "train_step_memory_total": (agent["train_step_memory"]["total_bytes"]
-                                        / base["train_step_memory"]["total_bytes"]),
-            "train_step_memory_temp": (agent["train_step_memory"]["temp_size_in_bytes"]
-                                       / base["train_step_memory"]["temp_size_in_bytes"]),
-        } for estimator, agent in agents.items() if estimator != BASELINE}
+  summary = {"margin": margin, "level": level,
+             "agents": {estimator: _agent(runs, level) for estimator, runs in records.items()}}
+  if BASELINE in records:
+    summary["comparisons"] = {estimator: _paired(records[BASELINE], runs, margin, level)
+                              for estimator, runs in records.items() if estimator != BASELINE}
   return summary
 
 
 def plot(summary: Mapping, path: str, title: str = "") -> None:
-  """Writes the four panels (return, weight KL, open-loop error, velocity probe) to ``path``."""
+  """Writes the five panels (return, weight KL, open-loop error, velocity probe, held-out
+  return per decision rule) to ``path``."""
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-  fig, axes = plt.subplots(1, 4, figsize=(17, 3.8))
+  fig, axes = plt.subplots(1, 5, figsize=(21, 3.8))
   agents = summary["agents"]
+  labels = []
   for index, (estimator, agent) in enumerate(agents.items()):
     color = f"C{index}"
     label = "PlaNet" if estimator == BASELINE else f"Bayesian PlaNet ({estimator})"
@@ -94,21 +236,29 @@ def plot(summary: Mapping, path: str, title: str = "") -> None:
       ax.plot(x, band["median"], color=color,
               label=f"{label}, {seeds} seed{'s' if seeds > 1 else ''}")
       ax.fill_between(x, band["p5"], band["p95"], color=color, alpha=0.2)
-    if agent["open_loop_blank_mse"] is not None:
-      axes[2].axhline(agent["open_loop_blank_mse"], color=color, linestyle=":", linewidth=1,
-                      label="a blank image's error" if index == 0 else None)
+    axes[2].axhline(agent["open_loop_blank_mse"], color=color, linestyle=":", linewidth=1,
+                    label="a blank image's error" if index == 0 else None)
     r2 = agent["velocity_probe_r2"]
     axes[3].bar(index, np.median(r2), color=color, alpha=0.6, label=label)
     axes[3].scatter(np.full(len(r2), index), r2, color="black", s=12, zorder=3)
+    for rule, entry in agent["eval_return"].items():
+      position = len(labels)
+      labels.append(("PlaNet" if estimator == BASELINE else "Bayes") + f"\n{rule}")
+      axes[4].bar(position, entry["estimate"], color=color, alpha=0.6)
+      axes[4].scatter(np.full(len(entry["values"]), position), entry["values"], color="black",
+                      s=12, zorder=3)
   axes[0].set(xlabel="environment steps", ylabel="episode return",
               title="return (median, 5-95%)")
   axes[1].set(xlabel="environment steps", ylabel="KL(q(w) || p(w)), nats",
               title="transition weight KL")
   axes[2].set(xlabel="open-loop step (decisions)", ylabel="pixel MSE",
-              title="open-loop prediction error")
+              title="open-loop error, shared episodes")
   axes[3].set(xticks=range(len(agents)), xticklabels=["PlaNet" if e == BASELINE else "Bayesian"
                                                        for e in agents],
-              ylabel="R^2 (held-out)", title="linear probe of the angular velocity")
+              ylabel="R^2 (held-out)", title="velocity probe, shared episodes")
+  axes[4].set(xticks=range(len(labels)), ylabel="held-out return (mean per seed)",
+              title="held-out return by decision rule")
+  axes[4].set_xticklabels(labels, fontsize="small")
   axes[0].legend(fontsize="small")
   axes[2].legend(fontsize="small")
   if title:

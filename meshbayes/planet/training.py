@@ -2,14 +2,18 @@
 then the held-out evaluation; returns the run's record (plain numbers, JSON-ready).
 
 A round is ``train_steps`` gradient steps on chunks sampled from every episode so far,
-then one episode collected by the planner with exploration noise. Afterwards
-``eval_episodes`` held-out episodes are collected without noise: their return, the
-open-loop prediction error, and the linear probe of the velocity (fitted on the replay
-buffer's latest episodes, scored on these).
+then one episode collected by the planner (``collect_rule``) with exploration noise.
+Afterwards, from the trained parameters and without noise, every decision rule of the
+agent acts from ``validation_episodes`` validation start states (where a rule is chosen)
+and from ``eval_episodes`` held-out ones (where it is scored): the start states, like the
+``probe_episodes`` episodes of random actions on which the open-loop error and the
+velocity probe are measured, depend on the seed alone, so both agents of a seed and every
+rule meet the same ones.
 
 Every program is compiled ahead of time by the agent (``Agent.call_compiled``), once per
 agent; the record's times exclude compiles: seconds per train step, per collected
-episode, and the whole run (``wall_seconds``), with the agent's compile time apart.
+episode, per held-out episode of each rule, and the training with its collection
+(``wall_seconds``), with the agent's compile time apart.
 """
 
 from __future__ import annotations
@@ -27,8 +31,6 @@ from meshbayes.planet import probes
 from meshbayes.planet.agent import Agent, Episode, ReplayBuffer
 from meshbayes.planet.config import PlanetConfig
 
-PROBE_TRAIN_EPISODES = 8  # the replay buffer's latest episodes fit the velocity read-out
-
 
 def _blocked(tree):
   return jax.block_until_ready(tree)
@@ -44,12 +46,13 @@ def train(config: PlanetConfig, agent: Agent | None = None,
                      f"{agent.config} (seed aside) is not {config}")
   log = log or (lambda message: None)
   start, compiled_before = time.perf_counter(), agent.compile_seconds
-  key_init, key_collect, key_train, key_eval = jax.random.split(jax.random.key(config.seed), 4)
+  key_init, key_collect, key_train, key_validation, key_eval, key_probe = jax.random.split(
+      jax.random.key(config.seed), 6)
   rng = np.random.default_rng(config.seed)
   params, opt_state = agent.init(key_init)
   buffer = ReplayBuffer(config, config.seed_episodes + config.train_episodes)
   curve = {"env_steps": [], "return": [], "weight_kl": [], "loss": [], "image_nll": [],
-           "reward_nll": [], "latent_kl": []}
+           "reward_nll": [], "latent_kl": [], "latent_term": []}
   timing = {"train_seconds": 0.0, "train_steps_timed": 0, "collect_seconds": 0.0,
             "collect_episodes": 0}
 
@@ -57,7 +60,7 @@ def train(config: PlanetConfig, agent: Agent | None = None,
     buffer.add(episode)
     curve["env_steps"].append(buffer.episodes * config.episode_steps)
     curve["return"].append(episode.total_return)
-    for name in ("weight_kl", "loss", "image_nll", "reward_nll", "latent_kl"):
+    for name in ("weight_kl", "loss", "image_nll", "reward_nll", "latent_kl", "latent_term"):
       curve[name].append(None if metrics is None else metrics[name])
 
   for index in range(config.seed_episodes):
@@ -90,31 +93,50 @@ def train(config: PlanetConfig, agent: Agent | None = None,
         f"{config.train_episodes}: return {episode.total_return:.1f}, "
         f"loss {metrics['loss']:.2f}, weight KL {metrics['weight_kl']:.1f}")
 
-  evaluation = [_blocked(agent.policy_episode(params, jax.random.fold_in(key_eval, index), 0.0))
-                for index in range(config.eval_episodes)]
-  held_out = {name: jnp.stack([getattr(e, name) for e in evaluation]) for name in Episode._fields}
+  # Training and collection, less the compiles they did (the first seed of an agent compiles).
+  wall_seconds = time.perf_counter() - start - (agent.compile_seconds - compiled_before)
+  validation_returns, eval_returns, eval_seconds = {}, {}, {}
+  for rule in config.decision_rules:
+    validation_returns[rule] = [
+        _blocked(agent.policy_episode(params, jax.random.fold_in(key_validation, index), 0.0,
+                                      rule)).total_return
+        for index in range(config.validation_episodes)]
+    compiled, tic = agent.compile_seconds, time.perf_counter()
+    eval_returns[rule] = [
+        _blocked(agent.policy_episode(params, jax.random.fold_in(key_eval, index), 0.0,
+                                      rule)).total_return
+        for index in range(config.eval_episodes)]
+    eval_seconds[rule] = ((time.perf_counter() - tic - (agent.compile_seconds - compiled))
+                          / config.eval_episodes)
+    log(f"{config.estimator} seed {config.seed} rule {rule}: validation "
+        f"{np.mean(validation_returns[rule]):.1f}, held-out {np.mean(eval_returns[rule]):.1f}")
+
+  probe = [_blocked(agent.random_episode(jax.random.fold_in(key_probe, index)))
+           for index in range(config.probe_episodes)]
+  probe = {name: jnp.stack([getattr(e, name) for e in probe]) for name in Episode._fields}
+  half = config.probe_episodes // 2  # the first half fits the probe, the second scores
   errors = agent.call_compiled(
       "open_loop_error", functools.partial(probes.open_loop_error, agent.model,
                                            context=config.open_loop_context,
                                            steps=config.open_loop_steps),
-      params, held_out["images"], held_out["prev_actions"])
-  latest = slice(max(0, buffer.episodes - PROBE_TRAIN_EPISODES), buffer.episodes)
-  fit_episodes = len(range(buffer.episodes)[latest])
-  feats = np.asarray(agent.call_compiled(  # the fit's and the test's episodes in one call
+      params, probe["images"][half:], probe["prev_actions"][half:])
+  feats = np.asarray(agent.call_compiled(
       "posterior_features", functools.partial(probes.posterior_features, agent.model), params,
-      jnp.concatenate([jnp.asarray(buffer.images[latest]), held_out["images"]]),
-      jnp.concatenate([jnp.asarray(buffer.prev_actions[latest]), held_out["prev_actions"]])))
+      probe["images"], probe["prev_actions"]))
   flat = lambda x: x.reshape(-1, x.shape[-1])
-  r2 = probes.linear_probe_r2(flat(feats[:fit_episodes]), buffer.velocities[latest].reshape(-1),
-                              flat(feats[fit_episodes:]),
-                              np.asarray(held_out["velocities"]).reshape(-1))
+  velocities = np.asarray(probe["velocities"])
+  r2 = probes.linear_probe_r2(flat(feats[:half]), velocities[:half].reshape(-1),
+                              flat(feats[half:]), velocities[half:].reshape(-1))
+  test_images = np.asarray(probe["images"])[half:]
   return {
       "config": dataclasses.asdict(config),
       "curve": curve,
-      "eval_returns": [e.total_return for e in evaluation],
+      "validation_returns": validation_returns,
+      "eval_returns": eval_returns,
+      "eval_episode_seconds": eval_seconds,
       "open_loop_mse": np.asarray(errors).tolist(),
       # The error of predicting a blank image: where a prediction has lost the rod.
-      "open_loop_blank_mse": float(np.mean(np.square(np.asarray(held_out["images"])[
+      "open_loop_blank_mse": float(np.mean(np.square(test_images[
           :, config.open_loop_context:config.open_loop_context + config.open_loop_steps]))),
       "velocity_probe_r2": r2,
       "final_weight_kl": float(agent.weight_kl(params)),
@@ -124,6 +146,5 @@ def train(config: PlanetConfig, agent: Agent | None = None,
       "collect_episode_seconds": timing["collect_seconds"] / max(1, timing["collect_episodes"]),
       "compile_seconds": agent.compile_seconds,
       "train_step_memory": agent.memory,
-      # The whole run less the compiles it did (the first seed of an agent compiles).
-      "wall_seconds": time.perf_counter() - start - (agent.compile_seconds - compiled_before),
+      "wall_seconds": wall_seconds,
   }

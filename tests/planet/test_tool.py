@@ -15,8 +15,12 @@ def test_tool_writes_the_report_and_resumes(tmp_path, capsys):
   summary = planet.main(["--preset=toy", "--seeds=2", f"--out={out}"])
   assert set(summary["agents"]) == {"deterministic", "reparameterization"}
   assert summary["agents"]["reparameterization"]["seeds"] == [0, 1]
-  ratios = summary["ratios_to_deterministic"]["reparameterization"]
-  assert 0.2 < ratios["train_step_time"] < 5 and 0.9 < ratios["train_step_memory_total"] < 2
+  comparison = summary["comparisons"]["reparameterization"]
+  assert comparison["seeds"] == [0, 1]
+  assert set(comparison["rules"]) == {"mean", "thompson", "average", "per_decision"}
+  assert comparison["chosen_rule"] in comparison["rules"]
+  assert 0.2 < comparison["train_step_time"]["estimate"] < 5
+  assert 0.9 < comparison["train_step_memory_total"] < 2
   with open(os.path.join(out, "planet.json")) as f:
     assert json.load(f)["agents"]["deterministic"]["weight_kl"]["median"][-1] == 0.0
   assert os.path.getsize(os.path.join(out, "planet.png")) > 10_000

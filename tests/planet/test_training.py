@@ -8,7 +8,7 @@ import pytest
 
 from meshbayes.planet import report
 from meshbayes.planet.agent import Agent, ReplayBuffer
-from meshbayes.planet.config import PRESETS
+from meshbayes.planet.config import DECISION_RULES, PRESETS
 from meshbayes.planet.training import train
 
 TOY = PRESETS["toy"]
@@ -31,10 +31,11 @@ def test_loss_falls_on_random_episodes(agent):
   for step in range(40):
     params, opt_state, metrics = agent.train_step(params, opt_state, buffer.sample(rng),
                                                   jax.random.key(step), 1.0 / buffer.decisions)
-    data_terms.append(float(metrics["image_nll"] + metrics["reward_nll"]))
+    data_terms.append(float(metrics["image_nll"] + BAYESIAN.reward_scale * metrics["reward_nll"]))
     losses.append(float(metrics["loss"]))
-  assert np.mean(data_terms[-5:]) < 0.5 * np.mean(data_terms[:5])
-  assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5])  # the weight KL term included
+  assert np.mean(data_terms[-5:]) < 0.75 * np.mean(data_terms[:5])
+  # The weight KL over 40 decisions dominates this loss and falls at Adam's pace.
+  assert np.mean(losses[-5:]) < 0.9 * np.mean(losses[:5])
   assert metrics["weight_kl"] > 0
   assert agent.memory["total_bytes"] > agent.memory["argument_size_in_bytes"] > 0
 
@@ -48,7 +49,11 @@ def test_whole_loop_records_every_measure(bayesian_run):
   record = bayesian_run
   episodes = TOY.seed_episodes + TOY.train_episodes
   assert record["curve"]["env_steps"] == [TOY.episode_steps * (i + 1) for i in range(episodes)]
-  returns = np.asarray(record["curve"]["return"] + record["eval_returns"])
+  assert set(record["eval_returns"]) == set(record["validation_returns"]) == set(DECISION_RULES)
+  assert all(len(r) == TOY.eval_episodes for r in record["eval_returns"].values())
+  assert all(len(r) == TOY.validation_episodes for r in record["validation_returns"].values())
+  returns = np.asarray(record["curve"]["return"]
+                       + [r for rule in record["eval_returns"].values() for r in rule])
   # Pendulum's rewards lie in [-16.3, 0] per step.
   assert np.all(returns <= 0) and np.all(returns >= -16.3 * TOY.episode_steps)
   assert record["curve"]["weight_kl"][:TOY.seed_episodes] == [None] * TOY.seed_episodes
@@ -58,18 +63,77 @@ def test_whole_loop_records_every_measure(bayesian_run):
   assert 0.01 < record["open_loop_blank_mse"] < 0.2  # the rod covers a few percent
   assert np.isfinite(record["velocity_probe_r2"]) and record["velocity_probe_r2"] <= 1
   assert record["train_step_memory"]["total_bytes"] > 0
+  assert all(s > 0 for s in record["eval_episode_seconds"].values())
 
 
-def test_report_summarizes_seeds_and_ratios(bayesian_run, tmp_path):
-  other = dict(bayesian_run, config=dict(bayesian_run["config"], seed=2))
-  faster = dict(bayesian_run, train_step_seconds=bayesian_run["train_step_seconds"] / 2,
-                train_step_memory={k: v // 2 for k, v in
-                                   bayesian_run["train_step_memory"].items()})
-  summary = report.summarize({"deterministic": [faster], "reparameterization":
-                              [bayesian_run, other]})
-  assert summary["agents"]["reparameterization"]["seeds"] == [1, 2]
-  ratios = summary["ratios_to_deterministic"]["reparameterization"]
-  assert ratios["train_step_time"] == pytest.approx(2.0)
-  assert ratios["train_step_memory_total"] == pytest.approx(2.0, rel=1e-3)
+def test_both_agents_of_a_seed_meet_the_same_episodes(agent, bayesian_run):
+  """The probe's episodes (like the start states) depend on the seed alone."""
+  planet = train(dataclasses.replace(TOY, seed=1, train_episodes=0))
+  assert planet["open_loop_blank_mse"] == bayesian_run["open_loop_blank_mse"]
+  other_seed = train(dataclasses.replace(TOY, seed=2, train_episodes=0))
+  assert other_seed["open_loop_blank_mse"] != bayesian_run["open_loop_blank_mse"]
+
+
+def _record(seed, base_return, rules, step_seconds, r2):
+  """A hand-made record of one seed: returns by rule, times, the probe's R^2."""
+  return {"config": {"seed": seed},
+          "curve": {"env_steps": [1, 2], "return": [-1.0, -2.0], "weight_kl": [None, 1.0],
+                    "loss": [1.0, 0.5], "image_nll": [1.0, 0.4], "reward_nll": [0.1, 0.05],
+                    "latent_kl": [1.0, 1.0]},
+          "validation_returns": {r: [base_return + v] for r, (v, _) in rules.items()},
+          "eval_returns": {r: [base_return + e - 10, base_return + e + 10]
+                           for r, (_, e) in rules.items()},
+          "eval_episode_seconds": {r: 1.0 for r in rules},
+          "open_loop_mse": [0.01] * 20, "open_loop_blank_mse": 0.05,
+          "velocity_probe_r2": r2, "train_step_seconds": step_seconds, "wall_seconds": 10.0,
+          "collect_episode_seconds": 2.0, "compile_seconds": 3.0,
+          "train_step_memory": {"total_bytes": 100, "temp_size_in_bytes": 10}}
+
+
+def test_report_pairs_seeds_chooses_on_validation_and_reads_the_margin(tmp_path):
+  # PlaNet: -200 per seed. Bayesian: 'mean' wins on validation, 'thompson' on held-out
+  # (the held-out returns must not choose).
+  base = [_record(s, -200.0, {"mean": (0.0, 0.0)}, 1.0, 0.9) for s in range(3)]
+  gaps = {0: -20.0, 1: 10.0, 2: -50.0}  # 'mean' minus PlaNet per seed, held-out
+  bayes = [_record(s, -200.0, {"mean": (5.0, gaps[s]), "thompson": (-5.0, gaps[s] + 300)},
+                   1.2 + 0.1 * s, 0.95) for s in range(3)]
+  summary = report.summarize({"deterministic": base, "reparameterization": bayes})
+  comparison = summary["comparisons"]["reparameterization"]
+  assert comparison["chosen_rule"] == "mean"
+  chosen = comparison["chosen"]["held_out"]
+  values = list(gaps.values())
+  half = 2.919986 * np.std(values, ddof=1) / np.sqrt(3)  # t_{0.95, 2}
+  assert chosen["estimate"] == pytest.approx(np.mean(values))
+  assert chosen["high"] - chosen["estimate"] == pytest.approx(half, rel=1e-5)
+  # -20 +- 50.6: within the margin; 'thompson' (ignored by the choice) beyond it.
+  assert comparison["chosen"]["verdict"] == "same task performance (within +-100)"
+  assert comparison["rules"]["thompson"]["verdict"] == "better by more than 100"
+  assert comparison["power"]["seeds_needed"] == report.seeds_needed(np.std(values, ddof=1))
+  # Costs: per-seed ratios 1.2, 1.3, 1.4, their geometric mean.
+  assert comparison["train_step_time"]["estimate"] == pytest.approx((1.2 * 1.3 * 1.4) ** (1 / 3))
+  assert comparison["velocity_probe_r2"]["estimate"] == pytest.approx(0.05)
+  assert summary["agents"]["reparameterization"]["chosen_rule"] == "mean"
   report.plot(summary, str(tmp_path / "planet.png"))
   assert (tmp_path / "planet.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("low, high, want", [
+    (-60.0, 40.0, "same task performance (within +-100)"),
+    (-300.0, -120.0, "worse by more than 100"),
+    (120.0, 300.0, "better by more than 100"),
+    (-150.0, -20.0, "inconclusive"),
+])
+def test_verdicts_against_the_margin(low, high, want):
+  assert report.verdict(low, high) == want
+
+
+def test_equivalence_power_matches_simulated_intervals():
+  """The exact power against 20,000 simulated experiments of 6 seeds (t-intervals)."""
+  rng = np.random.default_rng(0)
+  sd, seeds, trials = 112.0, 6, 20_000
+  draws = rng.normal(20.0, sd, (trials, seeds))
+  half = 2.015048 * draws.std(axis=1, ddof=1) / np.sqrt(seeds)  # t_{0.95, 5}
+  mean = draws.mean(axis=1)
+  simulated = np.mean((mean - half > -100) & (mean + half < 100))
+  exact = report.equivalence_power(sd, seeds, true_difference=20.0)
+  assert abs(simulated - exact) < 4 * np.sqrt(exact * (1 - exact) / trials)
