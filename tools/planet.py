@@ -8,10 +8,9 @@ reused by a rerun with the same settings (so an interrupted run resumes); then
 ``OUT/planet.json`` (the summary of ``meshbayes.planet.report``) and ``OUT/planet.png``.
 
 Run: ``python -m meshbayes.tools.planet --preset=cpu --seeds=3 --out=runs/planet``
-(``make planet``; ``--train_episodes`` and ``--train_steps`` resize a preset,
-``--transition_prior`` and ``--transition_stddev_ratio`` set the Bayesian transition's,
-``--reward_scale`` the reward loss's weight;
-``--first_seed`` moves the seeds, e.g. a pilot's apart from the reported ones).
+(``make planet``). ``--first_seed`` moves the seeds (a pilot's apart from the reported
+ones); the ``OVERRIDES`` flags set a preset's fields (``--train_episodes=20``,
+``--transition_prior=fan_in_scaled``, ...).
 """
 
 from __future__ import annotations
@@ -32,17 +31,19 @@ from meshbayes.planet.config import PRESETS  # noqa: E402
 from meshbayes.planet.training import train  # noqa: E402
 
 
+# PlanetConfig fields settable from the command line, with their types.
+OVERRIDES = (("train_episodes", int), ("train_steps", int), ("transition_prior", str),
+             ("transition_stddev_ratio", float), ("reward_scale", float), ("collect_rule", str))
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, object]:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
   parser.add_argument("--seeds", type=int, default=3)
   parser.add_argument("--first_seed", type=int, default=0)
   parser.add_argument("--estimators", default="deterministic,reparameterization")
-  parser.add_argument("--train_episodes", type=int, default=None)
-  parser.add_argument("--train_steps", type=int, default=None)
-  parser.add_argument("--transition_prior", default=None)
-  parser.add_argument("--transition_stddev_ratio", type=float, default=None)
-  parser.add_argument("--reward_scale", type=float, default=None)
+  for name, kind in OVERRIDES:
+    parser.add_argument(f"--{name}", type=kind, default=None)
   parser.add_argument("--out", default="runs/planet")
   parser.add_argument("--title", default="")
   args = parser.parse_args(argv)
@@ -50,10 +51,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
     parser.error(f"--seeds={args.seeds} must be at least 1")
   if args.first_seed < 0:
     parser.error(f"--first_seed={args.first_seed} must be at least 0")
-  overrides = {name: getattr(args, name) for name in ("train_episodes", "train_steps",
-                                                       "transition_prior",
-                                                       "transition_stddev_ratio",
-                                                       "reward_scale")
+  overrides = {name: getattr(args, name) for name, _ in OVERRIDES
                if getattr(args, name) is not None}
   estimators = [e for e in args.estimators.split(",") if e]
   try:

@@ -47,7 +47,8 @@ class PlanetConfig:
       PlaNet's weight.
     weight_kl_weight: the weights' KL enters as ``weight_kl_weight * KL / transitions``.
     transition_prior: the Bayesian transition's weight prior: N(0, 1)
-      (``standard_normal``) or N(0, 1 / fan_in) (``fan_in_scaled``).
+      (``standard_normal``) or N(0, 1 / fan_in) (``fan_in_scaled``, chosen on the pilot's
+      validation returns: docs/planet.md).
     transition_stddev_ratio: the transition posterior's initial stddev, as a fraction of
       ``1 / sqrt(fan_in)``.
     learning_rate: Adam's step size.
@@ -87,7 +88,7 @@ class PlanetConfig:
   free_nats: float = 1.0
   reward_scale: float = 10.0
   weight_kl_weight: float = 1.0
-  transition_prior: str = "standard_normal"
+  transition_prior: str = "fan_in_scaled"
   transition_stddev_ratio: float = 0.1
   learning_rate: float = 1e-3
   grad_clip: float = 100.0

@@ -28,35 +28,57 @@ POWER = 0.80
 OPEN_LOOP_SHORT = 15  # predicted decisions of the "short horizon" open-loop figure
 
 
-def equivalence_power(sd: float, seeds: int, margin: float = MARGIN, level: float = LEVEL,
-                      true_difference: float = 0.0) -> float:
+def interval_power(sd: float, seeds: int, low: float, high: float, level: float = LEVEL,
+                   true_difference: float = 0.0) -> float:
   """The probability that the ``level`` t-interval of the mean of ``seeds`` paired
-  differences, each N(``true_difference``, ``sd``^2), lies within ``(-margin, margin)``.
+  differences, each N(``true_difference``, ``sd``^2), lies within ``(low, high)`` (either
+  end may be infinite).
 
   Exact, by integrating over the sample stddev (``s^2 (n - 1) / sd^2`` is chi-square with
-  ``n - 1`` df, independent of the mean).
-
-  >>> round(equivalence_power(112.0, 5), 3), round(equivalence_power(112.0, 12), 3)
-  (0.205, 0.789)
+  ``n - 1`` df, independent of the mean): for half-width ``h``, the mean must lie in
+  ``(low + h, high - h)``.
   """
-  if not (sd > 0 and margin > 0 and seeds >= 2 and 0 < level < 1):
-    raise ValueError(f"equivalence_power: sd={sd!r}, margin={margin!r} must be > 0, "
-                     f"seeds={seeds!r} >= 2 and level={level!r} in (0, 1)")
+  if not (sd > 0 and seeds >= 2 and 0 < level < 1 and low < high):
+    raise ValueError(f"interval_power: sd={sd!r} must be > 0, seeds={seeds!r} >= 2, "
+                     f"level={level!r} in (0, 1) and low={low!r} < high={high!r}")
   df = seeds - 1
   quantile = stats.t.ppf(0.5 + level / 2, df)
   standard_error = sd / math.sqrt(seeds)
 
   def covered(x):  # x: the chi-square draw
-    width = margin - quantile * standard_error * math.sqrt(x / df)
-    if width <= 0:
+    half = quantile * standard_error * math.sqrt(x / df)
+    if high - half <= low + half:
       return 0.0
-    inside = (stats.norm.cdf((width - true_difference) / standard_error)
-              - stats.norm.cdf((-width - true_difference) / standard_error))
+    inside = (stats.norm.cdf((high - half - true_difference) / standard_error)
+              - stats.norm.cdf((low + half - true_difference) / standard_error))
     return inside * stats.chi2.pdf(x, df)
 
-  # The integrand is 0 beyond the chi-square value where the half-width reaches the margin.
-  upper = df * (margin / (quantile * standard_error)) ** 2
+  # Beyond the chi-square value where the interval outgrows (low, high) nothing is covered.
+  upper = (df * ((high - low) / (2 * quantile * standard_error)) ** 2
+           if math.isfinite(high - low) else stats.chi2.ppf(1 - 1e-12, df))
   return min(1.0, float(integrate.quad(covered, 0.0, upper, limit=200)[0]))
+
+
+def equivalence_power(sd: float, seeds: int, margin: float = MARGIN, level: float = LEVEL,
+                      true_difference: float = 0.0) -> float:
+  """``interval_power`` within ``(-margin, margin)``: the chance of the verdict "same task
+  performance".
+
+  >>> round(equivalence_power(112.0, 5), 3), round(equivalence_power(112.0, 12), 3)
+  (0.205, 0.789)
+  """
+  return interval_power(sd, seeds, -margin, margin, level, true_difference)
+
+
+def inferiority_power(sd: float, seeds: int, true_difference: float, margin: float = MARGIN,
+                      level: float = LEVEL) -> float:
+  """``interval_power`` below ``-margin``: the chance of the verdict "worse by more than
+  ``margin``" when the true difference is ``true_difference``.
+
+  >>> round(inferiority_power(200.0, 5, true_difference=-350.0), 3)
+  0.741
+  """
+  return interval_power(sd, seeds, -math.inf, -margin, level, true_difference)
 
 
 def seeds_needed(sd: float, margin: float = MARGIN, level: float = LEVEL, power: float = POWER,
@@ -176,9 +198,13 @@ def _paired(base: Sequence[Mapping], runs: Sequence[Mapping], margin: float, lev
   power = {}
   if "sd" in rules[chosen] and rules[chosen]["sd"] > 0:
     sd = rules[chosen]["sd"]
-    power = {"sd": sd, "seeds": len(seeds),
-             "power_at_zero": equivalence_power(sd, len(seeds), margin, level),
-             "seeds_needed": seeds_needed(sd, margin, level)}
+    estimate = rules[chosen]["held_out"]["estimate"]
+    power = {"sd": sd, "seeds": len(seeds), "estimate": estimate,
+             "equivalence_power_at_zero": equivalence_power(sd, len(seeds), margin, level),
+             "seeds_needed_at_zero": seeds_needed(sd, margin, level),
+             "inferiority_power_at_estimate": (
+                 inferiority_power(sd, len(seeds), estimate, margin, level)
+                 if estimate < -margin else None)}
   short = lambda run: float(np.mean(run["open_loop_mse"][:OPEN_LOOP_SHORT]))
   whole = lambda run: float(np.mean(run["open_loop_mse"]))
   ratio = lambda name: _ratio([r[name] / b[name] for b, r in pairs], level)

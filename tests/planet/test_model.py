@@ -38,15 +38,22 @@ def test_only_the_transition_dense_layers_are_bayesian():
                         for part in ("loc", "scale")})
 
 
-def test_weight_kl_is_the_closed_form_for_bayesian_and_zero_for_deterministic():
+@pytest.mark.parametrize("prior", ["standard_normal", "fan_in_scaled"])
+def test_weight_kl_is_the_closed_form_for_bayesian_and_zero_for_deterministic(prior):
   model, params = init("deterministic")
   assert float(rollout.weight_kl(model, params)) == 0.0
-  model, params = init("reparameterization")
+  config = dataclasses.replace(TOY, estimator="reparameterization", transition_prior=prior)
+  model = world_model(config)
+  s = config.image_size
+  params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, s, s, 1)),
+                               jnp.zeros((1, 1)))["params"]
   want = 0.0
   for layer in TRANSITION:
     loc = np.asarray(params["rssm"][layer]["kernel_loc"], np.float64)
     std = np.log1p(np.exp(np.asarray(params["rssm"][layer]["kernel_scale"], np.float64)))
-    want += np.sum(0.5 * (std ** 2 + loc ** 2 - 1.0) - np.log(std))  # KL(N(loc, std) || N(0, 1))
+    prior_std = 1.0 if prior == "standard_normal" else 1.0 / np.sqrt(loc.shape[0])
+    # KL(N(loc, std) || N(0, prior_std)), elementwise
+    want += np.sum(np.log(prior_std / std) + (std ** 2 + loc ** 2) / (2 * prior_std ** 2) - 0.5)
   got = float(rollout.weight_kl(model, params))
   assert got > 100.0
   assert got == pytest.approx(want, rel=1e-4)

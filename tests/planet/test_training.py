@@ -108,7 +108,9 @@ def test_report_pairs_seeds_chooses_on_validation_and_reads_the_margin(tmp_path)
   # -20 +- 50.6: within the margin; 'thompson' (ignored by the choice) beyond it.
   assert comparison["chosen"]["verdict"] == "same task performance (within +-100)"
   assert comparison["rules"]["thompson"]["verdict"] == "better by more than 100"
-  assert comparison["power"]["seeds_needed"] == report.seeds_needed(np.std(values, ddof=1))
+  assert comparison["power"]["seeds_needed_at_zero"] == report.seeds_needed(
+      np.std(values, ddof=1))
+  assert comparison["power"]["inferiority_power_at_estimate"] is None  # -20: not below -100
   # Costs: per-seed ratios 1.2, 1.3, 1.4, their geometric mean.
   assert comparison["train_step_time"]["estimate"] == pytest.approx((1.2 * 1.3 * 1.4) ** (1 / 3))
   assert comparison["velocity_probe_r2"]["estimate"] == pytest.approx(0.05)
@@ -136,4 +138,11 @@ def test_equivalence_power_matches_simulated_intervals():
   mean = draws.mean(axis=1)
   simulated = np.mean((mean - half > -100) & (mean + half < 100))
   exact = report.equivalence_power(sd, seeds, true_difference=20.0)
+  assert abs(simulated - exact) < 4 * np.sqrt(exact * (1 - exact) / trials)
+  # "Worse by more than 100" when the truth is -250: the interval's upper end below -100.
+  draws = rng.normal(-250.0, sd, (trials, seeds))
+  half = 2.015048 * draws.std(axis=1, ddof=1) / np.sqrt(seeds)
+  simulated = np.mean(draws.mean(axis=1) + half < -100)
+  exact = report.inferiority_power(sd, seeds, true_difference=-250.0)
+  assert 0.3 < exact < 0.95
   assert abs(simulated - exact) < 4 * np.sqrt(exact * (1 - exact) / trials)
