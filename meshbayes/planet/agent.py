@@ -10,11 +10,10 @@ a sample drawn by ``posteriors.sample_weights``) with ``deterministic=True``.
 The loss per decision (the unit of the data) is PlaNet's: the image's Gaussian NLL summed
 over pixels (unit variance, constant dropped), ``reward_scale`` times the reward's (the
 decision's reward, summed over its environment steps, in units of
-``pendulum.REWARD_UNIT``), and the latent KL(posterior ||
-prior) clamped below at ``free_nats`` per (sequence, decision) before the mean; a Bayesian
-agent adds its transition weights' KL scaled as ``kl_penalty`` scales it, over ``D`` = the
-decisions in the replay buffer (passed as ``1 / D``, so the step compiles once while the
-buffer grows).
+``pendulum.REWARD_UNIT``), and the latent KL(posterior || prior) clamped below at
+``free_nats`` per (sequence, decision) before the mean; a Bayesian agent adds its
+transition weights' KL scaled as ``kl_penalty`` scales it, over ``D`` = the decisions in
+the replay buffer (passed as ``1 / D``, so the step compiles once while the buffer grows).
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ import optax
 
 from meshbayes.layers.posteriors import sample_weights
 from meshbayes.planet import pendulum, rollout
-from meshbayes.planet.config import DECISION_RULES, PlanetConfig
+from meshbayes.planet.config import PlanetConfig
 from meshbayes.planet.model import LatentState, WorldModel, gaussian_kl, world_model
 from meshbayes.planet.planner import cem
 from meshbayes.planet.render import render
@@ -252,8 +251,6 @@ class Agent:
     return params, [sample_weights(params, k) for k in keys]  # "average"
 
   def _policy_episode(self, params, key: Array, noise_stddev: Array, rule: str) -> Episode:
-    assert rule in DECISION_RULES, rule
-
     def choose(key, key_episode, image, latent, prev_action):
       key_latent, key_plan, key_explore, key_weights = jax.random.split(key, 4)
       filter_weights, plan_weights = self.rule_weights(params, rule, key_weights, key_episode)
