@@ -84,13 +84,13 @@ examples: data
 	OPENBLAS_NUM_THREADS=1 $(PY) -m meshbayes.examples.cox_process
 
 # PlaNet and Bayesian PlaNet (the transition's Dense layers DenseReparameterization) on the
-# pendulum from 32x32 pixels, seeds 0-4, the two agents of a seed back to back
+# pendulum from 32x32 pixels, seeds 0-6, the two agents of a seed back to back
 # (docs/planet.md): held-out returns per decision rule paired by seed against the margin
 # fixed in advance, cost ratios, weight KL, open-loop error, velocity probe.
 # runs/planet/planet.json and planet.png; a rerun reuses finished seeds.
 PLANET_DIR ?= runs/planet
 planet: $(STAMP)
-	$(PY) -m meshbayes.tools.planet --preset=cpu --seeds=5 --out=$(PLANET_DIR)
+	$(PY) -m meshbayes.tools.planet --preset=cpu --seeds=7 --out=$(PLANET_DIR)
 
 test: $(STAMP)
 	$(PY) -m pytest -m 'not slow' -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
