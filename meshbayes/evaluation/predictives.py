@@ -357,7 +357,7 @@ def decode_and_score(model: BaseModel, params: Any, input_batches: Iterable[np.n
       log_probs, aux = rescore(batch)
       counts = batch["decoder_loss_weights"].sum(-1)
       measures = _measures(log_probs, aux, counts)
-      row_samples = [()] * len(inputs)
+      row_samples, sample_log_probs = [()] * len(inputs), None
       if equivalence_samples:
         if given_samples is None:
           drawn = sample(params, partitioner.global_batch({"encoder_input_tokens": inputs}),
@@ -375,20 +375,39 @@ def decode_and_score(model: BaseModel, params: Any, input_batches: Iterable[np.n
                                        inputs, jax.device_get(decoded_aux["all_sequences"]),
                                        aux["sample_log_probs"], counts, max_length, eos_id))
       if num_samples > 1:
-        each = [[until_eos(row, eos_id) for row in jax.device_get(decode_alone(
-            params, partitioner.global_batch({"encoder_input_tokens": inputs}), key, s))]
-                for s in range(num_samples)]
-        measures["bleu_disagreement"] = 100.0 - np.array(
-            [pairwise_bleu([alone[row] for alone in each]) for row in range(len(inputs))])
-      for row in present:
-        row_measures = {name: float(value[row]) for name, value in measures.items()}
-        records.append(Decoded(
-            tuple(decoded[row]), float(log_probs[row]), int(counts[row]),
-            row_measures["total_uncertainty"], row_measures.get("mutual_information", 0.0),
-            row_measures, tuple(map(float, aux["token_log_probs"][row, :counts[row]])),
-            tuple(map(tuple, row_samples[row])),
-            tuple(map(float, sample_log_probs[row])) if equivalence_samples else ()))
+        measures["bleu_disagreement"] = _bleu_disagreement(
+            lambda s: decode_alone(params, partitioner.global_batch(
+                {"encoder_input_tokens": inputs}), key, s), num_samples, len(inputs), eos_id)
+      records.extend(_records(present, decoded, log_probs, counts, measures,
+                              aux["token_log_probs"], row_samples, sample_log_probs))
   return records
+
+
+def _records(present: np.ndarray, decoded: Sequence[Sequence[int]], log_probs: np.ndarray,
+             counts: np.ndarray, measures: Mapping[str, np.ndarray],
+             token_log_probs: np.ndarray, row_samples: Sequence[Sequence[Sequence[int]]],
+             sample_log_probs: np.ndarray | None) -> list[Decoded]:
+  """One batch's ``Decoded`` records, one per present row."""
+  records = []
+  for row in present:
+    row_measures = {name: float(value[row]) for name, value in measures.items()}
+    records.append(Decoded(
+        tuple(decoded[row]), float(log_probs[row]), int(counts[row]),
+        row_measures["total_uncertainty"], row_measures.get("mutual_information", 0.0),
+        row_measures, tuple(map(float, token_log_probs[row, :counts[row]])),
+        tuple(map(tuple, row_samples[row])),
+        () if sample_log_probs is None else tuple(map(float, sample_log_probs[row]))))
+  return records
+
+
+def _bleu_disagreement(decode_alone: Callable[[int], jax.Array], num_samples: int,
+                       num_rows: int, eos_id: int) -> np.ndarray:
+  """``(batch,)`` 100 minus the pairwise BLEU of the outputs each of the ``num_samples``
+  weight samples decodes alone (``decode_alone(s)``: sample ``s``'s tokens)."""
+  each = [[until_eos(row, eos_id) for row in jax.device_get(decode_alone(s))]
+          for s in range(num_samples)]
+  return 100.0 - np.array([pairwise_bleu([alone[row] for alone in each])
+                           for row in range(num_rows)])
 
 
 def _check_options(method: str, beam_measures: bool, equivalence_samples: int,
