@@ -87,7 +87,7 @@ examples: data
 # pendulum from 32x32 pixels, seeds 0-6, the two agents of a seed back to back
 # (docs/planet.md): held-out returns per decision rule paired by seed against the margin
 # fixed in advance, cost ratios, weight KL, open-loop error, velocity probe.
-# runs/planet/planet.json and planet.png; a rerun reuses finished seeds.
+# runs/planet/planet.json and planet.png; a rerun reuses finished seeds. 66 minutes on 2 cores.
 PLANET_DIR ?= runs/planet
 planet: $(STAMP)
 	$(PY) -m meshbayes.tools.planet --preset=cpu --seeds=7 --out=$(PLANET_DIR)
