@@ -142,15 +142,21 @@ def _agent(runs: Sequence[Mapping], level: float) -> dict[str, object]:
   curve = runs[0]["curve"]
   trained = [i for i, kl in enumerate(curve["weight_kl"]) if kl is not None]
   rules = list(runs[0]["eval_returns"])
-  per_seed = lambda key, rule: [float(np.mean(run[key][rule])) for run in runs]
+  chosen = chosen_rule(runs)
+  per_seed = lambda key, rule: np.array([np.mean(run[key][rule]) for run in runs])
   return {
       "seeds": [run["config"]["seed"] for run in runs],
       "env_steps": curve["env_steps"],
       "return": _band([run["curve"]["return"] for run in runs]),
-      "chosen_rule": chosen_rule(runs),
+      "chosen_rule": chosen,
       "validation_return": {rule: _interval(per_seed("validation_returns", rule), level)
                             for rule in rules},
       "eval_return": {rule: _interval(per_seed("eval_returns", rule), level) for rule in rules},
+      # The chosen rule's held-out return minus each other rule's, paired by seed: an
+      # exploratory comparison, not the one fixed in advance.
+      "chosen_minus_rule": {rule: _interval(per_seed("eval_returns", chosen)
+                                            - per_seed("eval_returns", rule), level)
+                            for rule in rules if rule != chosen},
       "eval_returns": [run["eval_returns"] for run in runs],
       "weight_kl_env_steps": [curve["env_steps"][i] for i in trained],
       "weight_kl": _band([[run["curve"]["weight_kl"][i] for i in trained] for run in runs]),

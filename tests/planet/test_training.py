@@ -115,6 +115,10 @@ def test_report_pairs_seeds_chooses_on_validation_and_reads_the_margin(tmp_path)
   assert comparison["train_step_time"]["estimate"] == pytest.approx((1.2 * 1.3 * 1.4) ** (1 / 3))
   assert comparison["velocity_probe_r2"]["estimate"] == pytest.approx(0.05)
   assert summary["agents"]["reparameterization"]["chosen_rule"] == "mean"
+  # The chosen rule against the others, paired by seed: 'mean' minus 'thompson' is -300.
+  against = summary["agents"]["reparameterization"]["chosen_minus_rule"]
+  assert list(against) == ["thompson"] and against["thompson"]["estimate"] == pytest.approx(-300)
+  assert summary["agents"]["deterministic"]["chosen_minus_rule"] == {}
   report.plot(summary, str(tmp_path / "planet.png"))
   assert (tmp_path / "planet.png").stat().st_size > 10_000
 
