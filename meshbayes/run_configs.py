@@ -62,12 +62,24 @@ class EvaluationConfig:
   Attributes:
     period: steps between evaluations, each with the posterior's median stddev
       per layer group (0: none).
+    patience: stop training at the evaluation that completes this many in a row
+      without a validation NLL below the best so far by more than ``min_delta``
+      (``meshbayes.early_stopping``); ``train_steps`` stays the cap. None: no early
+      stopping.
+    min_delta: see ``patience``.
   """
 
   period: int = 0
+  patience: int | None = None
+  min_delta: float = 0.0
 
   def __post_init__(self):
     positive_ints("EvaluationConfig", self, "period", allow_zero=True)
+    positive_ints("EvaluationConfig", self, "patience", allow_none=True)
+    if self.patience is not None and not self.period:
+      raise ValueError(f"EvaluationConfig: patience={self.patience} needs evaluations "
+                       "(period > 0)")
+    positive_numbers("EvaluationConfig", self, "min_delta", allow_zero=True)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,8 @@ checkpoint: the state, the input position and the per-step rng
 bit-identical however many times the run was interrupted. The input position
 is the input iterators' saved state (restored in the same time at any step);
 checkpoints that hold none (older ones) resume by reading and dropping the
-batches consumed.
+batches consumed. With ``EvaluationConfig.patience`` a run stops early on its validation
+NLL (``meshbayes.early_stopping``), and a resumed run where the uninterrupted one would.
 
 What keeps a model directory trustworthy:
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -50,6 +52,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
 from meshbayes import checkpoints as checkpoints_lib
+from meshbayes import early_stopping
 from meshbayes.atomic_files import write_text_atomically
 from meshbayes.console import say as _say  # private: not part of the trainer's interface
 from meshbayes.data.pipeline import TaskData, vocabulary_fingerprint
@@ -298,6 +301,13 @@ def _run(run: _Run) -> TrainState:
   if steps.ivon is not None:  # what turns the saved state into the posterior
     meta[IVON_META] = {"ess": steps.ivon.ess, "weight_decay": steps.ivon.weight_decay}
   start = int(state.step)
+  patience, min_delta = run.evaluation.patience, run.evaluation.min_delta
+  history = early_stopping.validation_history(model_dir, start) if patience else []
+  stopped = patience and early_stopping.stop_point(history, patience, min_delta)
+  if stopped:
+    _say(f"{model_dir} stopped early at step {stopped.step} (best step {stopped.best_step}); "
+         "nothing to do")
+    return state
   if start >= train_steps:
     _say(f"{model_dir} already holds step {start} >= train_steps={train_steps}; nothing to do")
     return state
@@ -377,7 +387,12 @@ def _run(run: _Run) -> TrainState:
       window, window_tokens, window_start = [], 0.0, time.perf_counter()
     paused = time.perf_counter()  # evaluation and saving are not step time
     if evaluates:
-      eval_writer.write(step, evaluate(state))
+      validation = evaluate(state)
+      eval_writer.write(step, validation)
+      if patience:
+        history.append((step, validation["nll"]))
+        stopped = early_stopping.stop_point(history, patience, min_delta)
+        saves = saves or bool(stopped)
     if (saves or stop) and not state_is_finite(state):
       _stop_non_finite(step, values["loss"], False, ckpts, last_saved)
     if saves or stop:
@@ -388,6 +403,15 @@ def _run(run: _Run) -> TrainState:
           write_text_atomically(model_dir / "config.gin", configuration)
       last_saved = step
     window_start += time.perf_counter() - paused
+    if stopped:
+      ckpts.wait()
+      if jax.process_index() == 0:
+        write_text_atomically(model_dir / early_stopping.STOP_FILE, json.dumps(
+            dict(dataclasses.asdict(stopped), patience=patience, min_delta=min_delta)))
+      _say(f"stopped early at step {step}: {patience} validation passes without a better "
+           f"NLL than step {stopped.best_step}'s {stopped.best_nll:.4f}; checkpoints in "
+           f"{ckpts.directory}")
+      return state
     if stop:
       ckpts.wait()
       _say(f"{signal.Signals(stop).name}: saved the checkpoint of step {step}; run again to "
