@@ -417,6 +417,7 @@ def _run(run: _Run) -> TrainState:
       _say(f"{signal.Signals(stop).name}: saved the checkpoint of step {step}; run again to "
            "resume")
       raise Preempted(STOP_EXIT_CODES[stop])
+  ckpts.wait()  # the final save has landed (or this raises) before the run says it is done
   _say(f"trained to step {step}: checkpoints in {ckpts.directory}, metrics in "
        f"{model_dir / 'metrics.jsonl'} (TensorBoard: tensorboard --logdir {model_dir})")
   return state

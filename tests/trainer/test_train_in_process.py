@@ -178,6 +178,15 @@ def test_a_failed_save_is_one_line_and_the_last_good_checkpoint_resumes(trained,
   assert "Traceback" not in err and "ERROR" not in err, err[-2000:]
   assert checkpoints.find_step_dir(model_dir).name == "8"
 
+  # The final save failing: the run does not say it trained.
+  final_fails = tmp_path / "final"
+  shutil.copytree(trained, final_fails)
+  with monkeypatch.context() as patch:
+    patch.setattr(checkpoints.InputStateHandler, "async_save", full_disk)
+    code, out, err = train(capsys, *train_args(final_fails, 12))
+  assert code == 1 and "trained to step" not in out
+  assert "checkpoint of step 12 could not be written" in one_line(err)
+
   # Run again as a user does, in a new process: in this one, orbax's threads may still
   # finish the failed step's temporary directory after the run has returned.
   again = run("meshbayes.train", train_args(model_dir, 16))
