@@ -311,6 +311,8 @@ def _run(run: _Run) -> TrainState:
   if start >= train_steps:
     _say(f"{model_dir} already holds step {start} >= train_steps={train_steps}; nothing to do")
     return state
+  if jax.process_index() == 0:  # an earlier stop that other settings now continue
+    (model_dir / early_stopping.STOP_FILE).unlink(missing_ok=True)
 
   writer = MetricsWriter(model_dir / "train", model_dir / "metrics.jsonl")
   eval_writer = MetricsWriter(model_dir / "eval", model_dir / "eval" / "metrics.jsonl")

@@ -89,3 +89,9 @@ def test_the_trainer_stops_where_the_rule_says_and_a_resumed_run_too(tmp_path, c
   assert code == 0 and "resuming from the checkpoint of step 4" in out
   assert "stopped early at step 6" in out
   assert json.loads((resumed / early_stopping.STOP_FILE).read_text()) == stop
+
+  # More patience continues the stopped run; its stale record goes.
+  code, out, _ = train(capsys, *_stopping_args(resumed, 8)[:-2],
+                       "--gin.run_configs.EvaluationConfig.patience=5")
+  assert code == 0 and "trained to step 8" in out
+  assert early_stopping.read_stop(resumed) is None
