@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from meshbayes import early_stopping
 from meshbayes.evaluation import methods as predictive_methods
 from meshbayes.field_checks import is_int, positive_ints
 from meshbayes.posterior_diagnostics import MEDIAN_PREFIX, relative_change
@@ -150,8 +151,9 @@ def _evaluations(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def validation_curve(run_dir: Path) -> list[tuple[int, float]]:
-  """``(step, validation NLL)`` of the trainer's periodic evaluations, by step."""
-  return [(int(r["step"]), float(r["nll"])) for r in _evaluations(run_dir)]
+  """``(step, validation NLL)`` of the trainer's periodic evaluations, by step: what its
+  early stopping reads (``meshbayes.early_stopping.validation_history``)."""
+  return early_stopping.validation_history(run_dir)
 
 
 def convergence(run_dir: Path) -> dict[str, Any]:
