@@ -77,7 +77,7 @@ def test_the_experiments_runs_and_bindings_follow_the_registry(tmp_path: Path):
       "deterministic", "bayesian", "bayesian_seed1"}
   for run in budget.runs:
     (tmp_path / "runs" / run / "checkpoints" / "4").mkdir(parents=True)
-  found = experiment_plan.evaluations(dataclasses.replace(budget, best_checkpoint=False),
+  found = experiment_plan.evaluations(dataclasses.replace(budget, checkpoints=("final",)),
                                       tmp_path)
   assert found["mc_dropout@final"] == {"run": "deterministic", "step": 4,
                                        "extra": ["evaluation.PredictiveConfig.method='mc_dropout'"]}

@@ -49,8 +49,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from meshbayes import host_memory
 from meshbayes.tools.experiment_plan import (ALL_TEST_PAIRS, METHODS, RECIPES, Budget, best_step,
-                                             convergence, evaluations, read_json,
-                                             result_dirs, validation_curve, write_json)
+                                             convergence, evaluations, finished, read_json,
+                                             result_dirs, setting_label, stopped_at,
+                                             tuning_grid, validation_curve, write_json)
 
 
 PRESETS = {
@@ -63,7 +64,7 @@ PRESETS = {
                   beam_measures=True, equivalence_samples=8),
     # make demo: the same table, smaller (the first 4 test batches, 256 pairs).
     "demo": Budget(train_steps=1000, eval_period=250, eval_batches=4, ood_examples=128,
-                   methods=("deterministic", "mc_dropout", "bayesian"), best_checkpoint=False,
+                   methods=("deterministic", "mc_dropout", "bayesian"), checkpoints=("final",),
                    seeds=1),
     # The test suite: the whole code path in seconds (a tiny model; a task given by --binding).
     "toy": Budget(train_steps=4, eval_period=2, ensemble_size=2, num_samples=2, eval_batches=1,
@@ -214,7 +215,9 @@ class Experiment:
         f"run_configs.EvaluationConfig.period={budget.eval_period}",
         f"run_configs.CheckpointConfig.period={budget.eval_period}",
         "run_configs.CheckpointConfig.keep=None",
-        f"train.log_period={min(budget.eval_period, 50)}", *bindings)]
+        f"train.log_period={min(budget.eval_period, 50)}",
+        *([f"run_configs.EvaluationConfig.patience={budget.patience}"] if budget.patience else []),
+        *bindings)]
 
   def _eval_args(self, run_dir: Path, result_dir: Path, *bindings: str) -> list[str]:
     budget = self.budget
@@ -225,7 +228,7 @@ class Experiment:
         f"evaluation.ReportConfig.bootstrap_resamples={budget.bootstrap_resamples}", *bindings)]
 
   def _finished(self, run_dir: Path) -> bool:
-    return (run_dir / "checkpoints" / str(self.budget.train_steps)).is_dir()
+    return finished(run_dir, self.budget.train_steps)
 
   def reuse(self, name: str, run_dir: Path) -> None:
     """Takes ``run_dir``, a finished run of run ``name``'s recipe and seed trained
@@ -244,17 +247,16 @@ class Experiment:
     if (not self._finished(run_dir) or not config.is_file()
         or f"SEED = {seed}\n" not in config.read_text()):
       raise ValueError(f"--reuse {name}={run_dir}: must be a run trained to "
-                       f"{self.budget.train_steps} steps with SEED = {seed} ({config})")
+                       f"{self.budget.train_steps} steps (or stopped early) with SEED = {seed} "
+                       f"({config})")
     shutil.copytree(run_dir, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns(
         "RUN_LOCK", "eval_validation"))
     # A grid's run is OUT/tuning/<method>/<value>; its time is in OUT/costs.json.
     tuning_costs = read_json(run_dir.parents[2] / "costs.json") if len(run_dir.parents) > 2 else {}
-    grid_name = f"tune {run_dir.parent.name} "
-    spent = [cost for key, cost in tuning_costs.items()
-             if key.startswith(grid_name) and key.endswith(f"={run_dir.name}")]
+    spent = tuning_costs.get(f"tune {run_dir.parent.name} {run_dir.name}")
     if spent:
       costs = read_json(self.costs_path)
-      costs[name] = spent[0]
+      costs[name] = spent
       write_json(self.costs_path, costs)
     print(f"experiment: run {name} is {run_dir} (copied)", flush=True)
 
@@ -285,47 +287,74 @@ class Experiment:
     self._run_all(commands)
     return results
 
-  def tune(self, method: str, binding: str, values: Sequence[str]) -> Path:
-    """Trains ``method``'s recipe with ``binding`` at each of ``values`` and evaluates each
-    run at the end of the budget on the whole validation split (teacher-forced: the
-    headline predictive's token NLL and ECE); writes and returns ``OUT/tuning_<method>.md``.
-    """
+  def tune(self, method: str, settings: Sequence[dict[str, str]]) -> Path:
+    """Trains ``method``'s recipe at each of ``settings`` (``{binding: value}``,
+    ``experiment_plan.tuning_grid``) and evaluates each run at its best validation
+    checkpoint on the whole validation split (teacher-forced: the headline predictive's
+    token NLL and ECE); writes and returns ``OUT/tuning_<method>.md``, the lowest NLL
+    marked chosen."""
     if method not in RECIPES:
       raise ValueError(f"tune: method={method!r} must be one of {', '.join(RECIPES)} (MC "
                        "dropout and the ensemble take the deterministic run's settings)")
     budget = self.budget
-    run_dirs = {value: self.out / "tuning" / method / value for value in values}
-    names = {value: f"tune {method} {binding}={value}" for value in values}
-    self._run_all({names[value]: ("train", self._train_args(RECIPES[method], run_dir,
-                                                            f"{binding}={value}"))
-                   for value, run_dir in run_dirs.items() if not self._finished(run_dir)})
-    self._run_all({f"{names[value]} eval": ("eval", self._eval_args(
+    labels = [setting_label(setting) for setting in settings]
+    run_dirs = {label: self.out / "tuning" / method / label for label in labels}
+    names = {label: f"tune {method} {label}" for label in labels}
+    self._run_all({names[label]: ("train", self._train_args(
+        RECIPES[method], run_dirs[label], *(f"{k}={v}" for k, v in setting.items())))
+        for label, setting in zip(labels, settings) if not self._finished(run_dirs[label])})
+    self._run_all({f"{names[label]} eval": ("eval", self._eval_args(
         run_dir, run_dir / "eval_validation", "evaluate.split='validation'",
+        f"evaluate.checkpoint_step={best_step(run_dir)}",
         "evaluation.DecodeConfig.enabled=False", "data.TaskData.max_eval_batches=None"))
-        for value, run_dir in run_dirs.items()
+        for label, run_dir in run_dirs.items()
         if not (run_dir / "eval_validation" / "metrics.json").is_file()})
-    costs = read_json(self.costs_path)
-    rows = ["| " + binding + " | validation NLL | validation token ECE (%) | "
-            "best step (posterior-mean NLL) | posterior-mean NLL + KL/D | largest change of a "
-            "median stddev, last tenth | CPU minutes |", "|---|---|---|---|---|---|---|"]
-    for value, run_dir in run_dirs.items():
-      name, result_dir = names[value], run_dir / "eval_validation"
-      result = json.loads((result_dir / "metrics.json").read_text())
-      headline = result["token_calibration"][result["predictives"][0]]
-      curve = validation_curve(run_dir)
-      best = best_step(run_dir)
-      end = convergence(run_dir)
+    table = self.out / f"tuning_{method}.md"
+    table.write_text(self._tuning_table(method, settings, labels, run_dirs, names))
+    return table
+
+  def _tuning_table(self, method: str, settings: Sequence[dict[str, str]],
+                    labels: Sequence[str], run_dirs: dict[str, Path],
+                    names: dict[str, str]) -> str:
+    costs, budget = read_json(self.costs_path), self.budget
+    knobs = list(settings[0])
+    nll = {label: _headline(run_dirs[label])["nll"] for label in labels}
+    chosen = min(labels, key=nll.get)
+    rows = ["| " + " | ".join(k.rsplit(".", 1)[-1] for k in knobs) + " | validation NLL | "
+            "validation token ECE (%) | best step (posterior-mean NLL) | stopped at | "
+            "posterior-mean NLL + KL/D | largest change of a median stddev, last tenth | "
+            "CPU minutes |", "|---" * (len(knobs) + 7) + "|"]
+    spent = 0.0
+    for setting, label in zip(settings, labels):
+      run_dir, headline = run_dirs[label], _headline(run_dirs[label])
+      curve, best, end = dict(validation_curve(run_dir)), best_step(run_dir), convergence(run_dir)
+      stop = stopped_at(run_dir)
       moved = (max(end["groups"].items(), key=lambda item: abs(item[1]["change"]))
                if end else None)
-      rows.append(f"| {value} | {headline['nll']:.4f} | {100 * headline['ece']:.2f} | "
-                  f"{best} ({dict(curve)[best]:.4f}) | "
-                  + (f"{end['neg_elbo']:.4f} | {100 * moved[1]['change']:+.1f}% ({moved[0]}) | "
-                     if end else "- | - | ")
-                  + f"{costs.get(name, {}).get('cpu_seconds', float('nan')) / 60:.0f} |")
-    table = self.out / f"tuning_{method}.md"
-    table.write_text(f"{method}, {budget.train_steps} steps, {binding}:\n\n" + "\n".join(rows)
-                     + "\n")
-    return table
+      cpu = sum(costs.get(key, {}).get("cpu_seconds", 0.0)
+                for key in (names[label], f"{names[label]} eval"))
+      spent += cpu
+      mark = " **(chosen)**" if label == chosen else ""
+      rows.append("| " + " | ".join(setting[k] for k in knobs)
+                  + f" | {headline['nll']:.4f}{mark} | {100 * headline['ece']:.2f} | "
+                  f"{best} ({curve[best]:.4f}) | "
+                  + (f"{stop} |" if stop is not None else f"cap ({budget.train_steps}) |")
+                  + (f" {end['neg_elbo']:.4f} | {100 * moved[1]['change']:+.1f}% ({moved[0]}) | "
+                     if end else " - | - | ")
+                  + f"{cpu / 60:.0f} |")
+    stopping = (f"early stopping after {budget.patience} validation passes without a lower "
+                f"NLL (one every {budget.eval_period} steps), cap {budget.train_steps} steps"
+                if budget.patience else f"{budget.train_steps} steps")
+    return (f"{method}, {len(settings)} run{'s' if len(settings) > 1 else ''}, {stopping}; chosen: {chosen} (lowest NLL on the "
+            "whole validation split, each run at its best checkpoint).\n\n" + "\n".join(rows)
+            + f"\n\nCPU time of the grid (training and validation evaluations): "
+            f"{spent / 3600:.2f} CPU-hours.\n")
+
+
+def _headline(run_dir: Path) -> dict[str, float]:
+  """A tuning run's validation figures: its headline predictive's token calibration."""
+  result = read_json(run_dir / "eval_validation" / "metrics.json")
+  return result["token_calibration"][result["predictives"][0]]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -338,9 +367,15 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--binding", action="append", default=[],
                       help="a gin binding for every command, e.g. SEED=1 (repeatable)")
   parser.add_argument("--publish", type=Path, help="also copy the report and figures here")
+  parser.add_argument("--patience", type=int,
+                      help="override the preset's early stopping (validation passes)")
   parser.add_argument("--tune", metavar="METHOD", help="instead: tune METHOD over --grid")
-  parser.add_argument("--grid", metavar="NAME=V1,V2,...",
-                      help="the gin binding --tune varies, e.g. optimizers.KLWeight.value=1,0.1")
+  parser.add_argument("--grid", metavar="NAME=V1,V2,...", action="append", default=[],
+                      help="a gin binding --tune varies, e.g. optimizers.KLWeight.value=1,0.1 "
+                           "(repeatable: every combination, or --trials of them)")
+  parser.add_argument("--trials", type=int,
+                      help="--tune trains this many settings of the grid: the first values "
+                           "of every knob, then a Latin hypercube over the values")
   parser.add_argument("--jobs", type=int, default=2,
                       help="commands run at once, each in its own process (default 2: a "
                            "2-core machine; each writes OUT/logs/<name>.log)")
@@ -354,7 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   changes = {}
   if args.methods:
     changes["methods"] = tuple(args.methods.split(","))
-  for name in ("train_steps", "seeds"):
+  for name in ("train_steps", "seeds", "patience"):
     if getattr(args, name) is not None:
       changes[name] = getattr(args, name)
   try:
@@ -371,10 +406,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                         "bindings": experiment.bindings})
   try:
     if args.tune:
-      if not args.grid or "=" not in args.grid:
-        parser.error(f"--tune needs --grid=NAME=V1,V2,..., not --grid={args.grid!r}")
-      binding, values = args.grid.split("=", 1)
-      print(experiment.tune(args.tune, binding, values.split(",")).read_text())
+      bad = [g for g in args.grid if "=" not in g] or ([] if args.grid else ["(none)"])
+      if bad:
+        parser.error(f"--tune needs --grid=NAME=V1,V2,..., not --grid={bad[0]!r}")
+      knobs = [(g.split("=", 1)[0], g.split("=", 1)[1].split(",")) for g in args.grid]
+      settings = tuning_grid(knobs, args.trials)
+      print(experiment.tune(args.tune, settings).read_text())
       return 0
     for reused in args.reuse:
       name, _, run_dir = reused.partition("=")

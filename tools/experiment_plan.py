@@ -17,9 +17,13 @@ Directory layout under ``OUT``: ``runs/<run>/`` (each training run), ``eval/<met
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from meshbayes import early_stopping
 from meshbayes.evaluation import methods as predictive_methods
@@ -54,7 +58,9 @@ class Budget:
       training (curvature) and validation (prior precision) batches.
     ood_examples: inputs per out-of-distribution set (and in-domain sources).
     methods: the methods compared.
-    best_checkpoint: also evaluate each method at its best validation checkpoint.
+    checkpoints: where each method is evaluated, of ``CHECKPOINTS``: ``final`` (a run's
+      last checkpoint: the end of the budget, or where it stopped early) and ``best``
+      (its lowest validation NLL). The other seeds' runs are evaluated at the first.
     bindings: gin bindings added to every training and evaluation command.
     task_gin: the task file evaluations read (training reads its recipe's).
     decode_method: how the test split is decoded (``beam`` or ``greedy``; OOD
@@ -62,6 +68,12 @@ class Budget:
     seeds: training seeds of the Bayesian layers and of IVON (runs ``<method>``,
       ``<method>_seed1``, ...); the deterministic model's seed spread comes from
       the ensemble's members.
+    first_seed: the ``SEED`` of run ``<recipe>``; run ``<recipe>_seed<k>`` has
+      ``first_seed + k``. Tuning runs use ``SEED = 0``: a ``first_seed`` past the
+      tuning's keeps the reported runs' seeds fresh.
+    patience: early stopping (``run_configs.EvaluationConfig.patience``): a run stops
+      after this many validation passes in a row without a lower validation NLL, and
+      ``train_steps`` is the cap; None: every run trains ``train_steps``.
     bootstrap_resamples: resamples of every interval (evaluations and report).
     beam_measures: also the importance-weighted uncertainty measures over the beam's
       hypotheses (``evaluation.PredictiveConfig.beam_measures``; beam decoding only).
@@ -76,7 +88,7 @@ class Budget:
   eval_batches: int | None = ALL_TEST_PAIRS
   ood_examples: int = 512
   methods: tuple[str, ...] = METHODS
-  best_checkpoint: bool = True
+  checkpoints: tuple[str, ...] = CHECKPOINTS
   bindings: tuple[str, ...] = ()
   task_gin: str = "tasks/tatoeba_enfr_20k.gin"
   decode_method: str = "beam"
@@ -84,10 +96,18 @@ class Budget:
   bootstrap_resamples: int = 1000
   beam_measures: bool = False
   equivalence_samples: int = 0
+  first_seed: int = 0
+  patience: int | None = None
 
   def __post_init__(self):
     positive_ints("Budget", self, "train_steps", "eval_period", "num_samples", "ood_examples",
                   "seeds", "bootstrap_resamples")
+    positive_ints("Budget", self, "first_seed", allow_zero=True)
+    positive_ints("Budget", self, "patience", allow_none=True)
+    if (not self.checkpoints or len(set(self.checkpoints)) != len(self.checkpoints)
+        or not set(self.checkpoints) <= set(CHECKPOINTS)):
+      raise ValueError(f"Budget: checkpoints={self.checkpoints!r} must name each of "
+                       f"{', '.join(CHECKPOINTS)} at most once, at least one")
     if self.eval_batches is not ALL_TEST_PAIRS and not (
         is_int(self.eval_batches) and self.eval_batches >= 1):
       raise ValueError(f"Budget: eval_batches={self.eval_batches!r} must be a positive int "
@@ -118,11 +138,56 @@ class Budget:
     for name in self.methods:
       method = predictive_methods.get(name)
       recipe = method.trained_by
-      runs.setdefault(recipe, (RECIPES[recipe], 0))
+      runs.setdefault(recipe, (RECIPES[recipe], self.first_seed))
       more = (self.ensemble_size if method.combines_runs else
               self.seeds if method.seed_spread else 1)
-      runs.update({f"{recipe}_seed{k}": (RECIPES[recipe], k) for k in range(1, more)})
+      runs.update({f"{recipe}_seed{k}": (RECIPES[recipe], self.first_seed + k)
+                   for k in range(1, more)})
     return runs
+
+  @property
+  def seed_checkpoint(self) -> str:
+    """The checkpoint every run of another seed is evaluated at."""
+    return self.checkpoints[0]
+
+
+def tuning_grid(knobs: Sequence[tuple[str, Sequence[str]]], trials: int | None = None,
+                seed: int = 0) -> list[dict[str, str]]:
+  """The settings a tuning grid trains, each ``{binding: value}``.
+
+  Without ``trials``: every combination of the knobs' values. With ``trials``: a Latin
+  hypercube over the values (each knob's values used equally often, to within one): the
+  first setting is every knob at its first value (list the recipe's own setting first),
+  each knob's other entries shuffled by ``numpy.random.default_rng(seed)``, redrawn until
+  no setting repeats.
+
+  >>> tuning_grid([("a", ["1", "2"]), ("b", ["x", "y"])])[1]
+  {'a': '1', 'b': 'y'}
+  >>> [s["a"] for s in tuning_grid([("a", ["1", "2", "3"]), ("b", ["x", "y"])], trials=6)]
+  ['1', '1', '2', '2', '3', '3']
+  """
+  names = [name for name, _ in knobs]
+  if len(set(names)) != len(names) or any(not values for _, values in knobs):
+    raise ValueError(f"tuning grid: {knobs!r}: each binding at most once, each with values")
+  combinations = [dict(zip(names, values)) for values in itertools.product(*(v for _, v in knobs))]
+  if trials is None or trials >= len(combinations):
+    return combinations
+  if not (isinstance(trials, int) and trials >= 1):
+    raise ValueError(f"tuning grid: trials={trials!r} must be a positive int")
+  rng = np.random.default_rng(seed)
+  while True:
+    columns = []
+    for _, values in knobs:
+      column = [values[i % len(values)] for i in range(trials)]
+      columns.append(column[:1] + list(rng.permutation(column[1:])))
+    settings = [dict(zip(names, row)) for row in zip(*columns)]
+    if len({tuple(s.values()) for s in settings}) == trials:
+      return settings
+
+
+def setting_label(setting: dict[str, str]) -> str:
+  """A tuning run's name: ``name=value`` per knob (the binding's last part), comma-joined."""
+  return ",".join(f"{binding.rsplit('.', 1)[-1]}={value}" for binding, value in setting.items())
 
 
 # The experiment's JSON files.
@@ -190,6 +255,18 @@ def final_step(run_dir: Path) -> int:
   return max(steps)
 
 
+def finished(run_dir: Path, train_steps: int) -> bool:
+  """Whether a run is done: trained to ``train_steps`` or stopped early."""
+  return ((run_dir / "checkpoints" / str(train_steps)).is_dir()
+          or early_stopping.read_stop(run_dir) is not None)
+
+
+def stopped_at(run_dir: Path) -> int | None:
+  """The step a run stopped early at; None if it ran to its cap."""
+  stop = early_stopping.read_stop(run_dir)
+  return None if stop is None else stop.step
+
+
 # The evaluations of an experiment.
 
 
@@ -199,9 +276,10 @@ def evaluations(budget: Budget, out: Path) -> dict[str, dict[str, Any]]:
   each run of another seed; ``extra`` are the evaluation's own gin bindings."""
   runs = out / "runs"
   found = {}
-  for checkpoint in CHECKPOINTS[:2 if budget.best_checkpoint else 1]:
-    step = lambda run: (best_step(runs / run) if checkpoint == "best"
-                        else final_step(runs / run))
+  step_at = lambda checkpoint, run: (best_step(runs / run) if checkpoint == "best"
+                                     else final_step(runs / run))
+  for checkpoint in budget.checkpoints:
+    step = lambda run: step_at(checkpoint, run)
     for name in budget.methods:
       method = predictive_methods.get(name)
       run = method.trained_by
@@ -211,11 +289,12 @@ def evaluations(budget: Budget, out: Path) -> dict[str, dict[str, Any]]:
             f"'{runs / member / 'checkpoints' / str(step(member))}'"
             for member in budget.runs if member.startswith(f"{run}_seed"))))
       found[f"{name}@{checkpoint}"] = {"run": run, "step": step(run), "extra": extra}
-  # Every other seed at the end of the budget, as itself: the seed spread of the
-  # deterministic model (the ensemble's members), the Bayesian layers and IVON.
+  # Every other seed as itself: the seed spread of the deterministic model (the
+  # ensemble's members) and of each method with ``seed_spread``.
+  checkpoint = budget.seed_checkpoint
   for run in budget.runs:
     if "_seed" in run:
-      found[f"{run}@final"] = {"run": run, "step": final_step(runs / run), "extra": []}
+      found[f"{run}@{checkpoint}"] = {"run": run, "step": step_at(checkpoint, run), "extra": []}
   return found
 
 

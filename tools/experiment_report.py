@@ -27,8 +27,8 @@ from meshbayes.evaluation import methods as predictive_methods
 from meshbayes.metrics import measures as registry
 from meshbayes.tools import compare_runs, experiment_tables, inspect_checkpoint
 from meshbayes.tools.experiment_plan import (CHECKPOINTS, Budget, best_step, convergence,
-                                             read_json, result_dirs, validation_curve,
-                                             write_json)
+                                             read_json, result_dirs, stopped_at,
+                                             validation_curve, write_json)
 
 # Column titles of each method's evaluated predictives (meshbayes.evaluation.methods; others
 # are left out: MC dropout's "posterior mean" would be the deterministic model again).
@@ -222,33 +222,36 @@ def _convergence_table(runs: Path, names: Sequence[str]) -> tuple[str, dict[str,
   return "\n".join(lines), {k: v for k, v in summary.items() if v}
 
 
-def _seed_groups(results: Mapping[str, Path]) -> dict[str, dict[int, Path]]:
-  """Each ``SEED_GROUPS`` column's evaluations at the end of the budget by seed number
-  (seed 0: the method's own evaluation; seed k: run ``<recipe>_seed<k>``'s), for the
-  columns with more than one seed."""
+def _seed_groups(results: Mapping[str, Path], checkpoint: str) -> dict[str, dict[int, Path]]:
+  """Each ``SEED_GROUPS`` column's evaluations at ``checkpoint`` by seed number (seed 0:
+  the method's own evaluation; seed k: run ``<recipe>_seed<k>``'s), for the columns with
+  more than one seed."""
   groups = {}
   for title, (method, _) in SEED_GROUPS.items():
-    first = results.get(f"{method}@final")
+    first = results.get(f"{method}@{checkpoint}")
     recipe = predictive_methods.get(method).trained_by
     others = {int(match[1]): directory for key, directory in results.items()
-              if (match := re.fullmatch(rf"{recipe}_seed(\d+)@final", key))}
+              if (match := re.fullmatch(rf"{re.escape(recipe)}_seed(\d+)@{checkpoint}", key))}
     if first is not None and others:
       groups[title] = {0: first, **dict(sorted(others.items()))}
   return groups
 
 
-def _seed_section(results: Mapping[str, Path], summary: dict[str, Any]) -> list[str]:
-  """The report's section on training seeds: each column's seed 0 beside its mean over
-  seeds, and the seed-level differences against the deterministic model (none without a
-  column of several seeds)."""
-  groups = _seed_groups(results)
+def _seed_section(results: Mapping[str, Path], checkpoint: str,
+                  summary: dict[str, Any]) -> list[str]:
+  """The report's section on training seeds at ``checkpoint``: each column's seed 0 beside
+  its mean over seeds, and the seed-level differences against the deterministic model
+  (none without a column of several seeds)."""
+  groups = _seed_groups(results, checkpoint)
   if not groups:
     return []
   values = experiment_tables.seed_values(groups, {t: SEED_GROUPS[t][1] for t in groups})
-  spread, means = experiment_tables.seed_table(_columns(results, "final"), values)
+  spread, means = experiment_tables.seed_table(_columns(results, checkpoint), values)
   tests, differences = experiment_tables.seed_difference_table(values)
-  summary["seeds"] = {"means": means, "differences": differences}
-  section = ["## Training seeds (end of the budget)", "",
+  summary["seeds"] = {"checkpoint": checkpoint, "means": means, "differences": differences}
+  where = ("end of the budget" if checkpoint == "final" else
+           "each run's best validation checkpoint")
+  section = [f"## Training seeds ({where})", "",
              "Seed 0: the run the tables above report, with its 95% bootstrap interval over "
              "test sources (how much the figure moves with the test set). Mean of seeds: the "
              "mean over the column's training runs of seeds 0, 1, ... with its Student-t 95% "
@@ -273,7 +276,7 @@ def write(out: Path, budget: Budget, results: Mapping[str, Path]) -> Path:
   figures.mkdir(exist_ok=True)
   costs = read_json(out / "costs.json")
   evaluated = next((read_json(d / "metrics.json") for k, d in results.items()
-                    if k.endswith("@final")), {})
+                    if k.endswith(f"@{budget.seed_checkpoint}")), {})
   split = ("the whole test split" if budget.eval_batches is None
            else f"the test split's first {budget.eval_batches} "
                 f"batch{'es' if budget.eval_batches > 1 else ''} of 64 pairs")
@@ -324,11 +327,22 @@ def write(out: Path, budget: Budget, results: Mapping[str, Path]) -> Path:
     sections += [f"![reliability](figures/reliability_{checkpoint}.png)",
                  f"![OOD AUROC](figures/ood_{checkpoint}.png)",
                  f"![rejection curves](figures/rejection_{checkpoint}.png)", ""]
-  sections += _seed_section(results, summary)
+  sections += _seed_section(results, budget.seed_checkpoint, summary)
   plot_curves(runs, figures / "curves.png")
-  sections += ["## Training curves", "", "![curves](figures/curves.png)", "",
-               "Best validation step per run: " + ", ".join(
-                   f"{k} {v}" for k, v in summary["best_steps"].items()), ""]
+  sections += ["## Training curves", "", "![curves](figures/curves.png)", ""]
+  if budget.patience:
+    summary["stopped_at"] = {name: stopped_at(runs / name) for name in budget.runs}
+    sections += [f"Early stopping: a run stops after {budget.patience} validation passes "
+                 f"(every {budget.eval_period} steps) without a lower validation NLL; the "
+                 f"cap is {budget.train_steps} steps.", "",
+                 "| run | best validation step | stopped at |", "|---|---|---|",
+                 *(f"| {name} | {summary['best_steps'][name]} | "
+                   + (f"{stop} |" if stop is not None else
+                      f"**the cap** ({budget.train_steps}) |")
+                   for name, stop in summary["stopped_at"].items()), ""]
+  else:
+    sections += ["Best validation step per run: " + ", ".join(
+        f"{k} {v}" for k, v in summary["best_steps"].items()), ""]
   for name in ("bayesian", "ivon"):
     if name in budget.runs:
       summary["posterior"][name] = posterior_diagnostics(checkpoints.find_step_dir(runs / name))
@@ -357,6 +371,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.error(f"{args.out} holds no experiment (no budget.json)")
   budget_json.pop("preset")
   budget_json.pop("bindings")
+  if "best_checkpoint" in budget_json:  # an experiment from before Budget.checkpoints
+    budget_json["checkpoints"] = CHECKPOINTS[:2 if budget_json.pop("best_checkpoint") else 1]
   budget = Budget(**{k: tuple(v) if isinstance(v, list) else v for k, v in budget_json.items()})
   print(write(args.out, budget, result_dirs(budget, args.out)).read_text())
   return 0

@@ -207,13 +207,13 @@ def test_an_experiment_resumes_without_redoing_anything(toy, capsys):
 
 
 def test_reuse_copies_a_finished_run_of_the_same_seed_with_its_time(tmp_path):
-  chosen = tmp_path / "tuning" / "tuning" / "deterministic" / "0.1"
+  chosen = tmp_path / "tuning" / "tuning" / "deterministic" / "dropout_rate=0.1"
   (chosen / "checkpoints" / "4").mkdir(parents=True)
   (chosen / "config.gin").write_text("MODEL_DIR = 'x'\nSEED = 0\n")
   (chosen / "RUN_LOCK").write_text("")
   cost = {"wall_seconds": 2.0, "cpu_seconds": 3.0}
   (tmp_path / "tuning" / "costs.json").write_text(json.dumps(
-      {"tune deterministic models.TransformerConfig.dropout_rate=0.1": cost}))
+      {"tune deterministic dropout_rate=0.1": cost}))
   budget = experiment_plan.Budget(train_steps=4, eval_period=2, ensemble_size=2,
                                   methods=("deterministic", "ensemble"))
   run = experiment.Experiment(budget, tmp_path / "out", experiment.Runner(in_process=True))
@@ -239,8 +239,8 @@ def test_a_tuned_run_is_reused_as_the_experiments_run_not_trained_again(data_dir
   tuning = tmp_path / "tuning"
   _run_toy(data_dir, tuning, "--tune=deterministic",
            "--grid=models.TransformerConfig.dropout_rate=0.1")
-  assert "| 0.1 |" in (tuning / "tuning_deterministic.md").read_text()
-  chosen = tuning / "tuning" / "deterministic" / "0.1"
+  assert "| 0.1 | " in (tuning / "tuning_deterministic.md").read_text()
+  chosen = tuning / "tuning" / "deterministic" / "dropout_rate=0.1"
   capsys.readouterr()
   out, _ = _run_toy(data_dir, tmp_path / "experiment", "--methods=deterministic",
                     f"--reuse=deterministic={chosen}")
@@ -249,7 +249,7 @@ def test_a_tuned_run_is_reused_as_the_experiments_run_not_trained_again(data_dir
   assert experiment_plan.validation_curve(out / "runs" / "deterministic") == \
       experiment_plan.validation_curve(chosen)
   tuned_cost = json.loads((tuning / "costs.json").read_text())[
-      "tune deterministic models.TransformerConfig.dropout_rate=0.1"]
+      "tune deterministic dropout_rate=0.1"]
   assert json.loads((out / "costs.json").read_text())["deterministic"] == tuned_cost
   with pytest.MonkeyPatch.context() as patch:
     patch.setenv("MESHBAYES_DATA_DIR", str(data_dir))
@@ -343,3 +343,70 @@ def test_a_commands_echo_drops_progress_bars_and_their_blank_erasing(tmp_path, c
   assert capsys.readouterr().out.splitlines() == [
       "[eval_x] phase 2/3: teacher-forced pass", "[eval_x] evaluation done in 12 s"]
   assert (tmp_path / "eval.log").read_text() == output  # the log keeps everything
+
+
+def test_a_tuning_grid_of_trials_is_a_latin_hypercube_from_the_recipes_setting():
+  knobs = [("dropout", ["0.1", "0.2", "0.3"]), ("decay", ["0", "0.1", "1.0"]),
+           ("smoothing", ["0", "0.1"]), ("lr", ["3e-3", "1.5e-3", "6e-3"])]
+  settings = experiment_plan.tuning_grid(knobs, trials=12)
+  assert settings[0] == {"dropout": "0.1", "decay": "0", "smoothing": "0", "lr": "3e-3"}
+  assert len({tuple(s.values()) for s in settings}) == 12  # no setting twice
+  for name, values in knobs:  # every value of a knob equally often
+    assert sorted(s[name] for s in settings) == sorted(values * (12 // len(values)))
+  assert settings == experiment_plan.tuning_grid(knobs, trials=12)  # fixed by its seed
+  assert len(experiment_plan.tuning_grid(knobs)) == 54  # no trials: every combination
+  assert experiment_plan.setting_label({"a.b.dropout_rate": "0.1", "c.base": "3e-3"}) == \
+      "dropout_rate=0.1,base=3e-3"
+  with pytest.raises(ValueError, match="trials=0 must be a positive int"):
+    experiment_plan.tuning_grid(knobs, trials=0)
+
+
+def test_a_run_stopped_early_is_finished_and_says_where(tmp_path):
+  (tmp_path / "checkpoints" / "500").mkdir(parents=True)
+  assert not experiment_plan.finished(tmp_path, train_steps=6000)
+  (tmp_path / "early_stopping.json").write_text(
+      json.dumps({"step": 500, "best_step": 250, "best_nll": 2.5}))
+  assert experiment_plan.finished(tmp_path, train_steps=6000)
+  assert experiment_plan.stopped_at(tmp_path) == 500
+  (tmp_path / "checkpoints" / "6000").mkdir()
+  (tmp_path / "early_stopping.json").unlink()
+  assert experiment_plan.finished(tmp_path, 6000) and experiment_plan.stopped_at(tmp_path) is None
+
+
+def test_fresh_seeds_early_stopping_and_the_checkpoint_of_other_seeds(tmp_path):
+  budget = experiment_plan.Budget(train_steps=6000, eval_period=250, methods=(
+      "deterministic", "ensemble", "bayesian"), ensemble_size=3, seeds=2, first_seed=100,
+      patience=4, checkpoints=("best",))
+  assert budget.runs == {
+      "deterministic": ("uncertainty/deterministic.gin", 100),
+      "deterministic_seed1": ("uncertainty/deterministic.gin", 101),
+      "deterministic_seed2": ("uncertainty/deterministic.gin", 102),
+      "bayesian": ("uncertainty/bayesian.gin", 100),
+      "bayesian_seed1": ("uncertainty/bayesian.gin", 101)}
+  args = experiment.Experiment(budget, tmp_path, experiment.Runner(in_process=True))._train_args(
+      "uncertainty/bayesian.gin", tmp_path / "run")
+  assert "--gin.run_configs.EvaluationConfig.patience=4" in args
+  assert "--gin.TRAIN_STEPS=6000" in args
+  for name in budget.runs:  # best step 500 of each
+    (tmp_path / "runs" / name / "eval").mkdir(parents=True)
+    (tmp_path / "runs" / name / "checkpoints" / "1500").mkdir(parents=True)
+    (tmp_path / "runs" / name / "eval" / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "nll": abs(s - 500) / 1000 + 2}) + "\n"
+        for s in range(250, 1501, 250)))
+  found = experiment_plan.evaluations(budget, tmp_path)
+  assert sorted(found) == ["bayesian@best", "bayesian_seed1@best", "deterministic@best",
+                           "deterministic_seed1@best", "deterministic_seed2@best",
+                           "ensemble@best"]
+  assert {spec["step"] for spec in found.values()} == {500}
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"checkpoints": ()}, r"checkpoints=\(\) must name each of final, best"),
+    ({"checkpoints": ("best", "best")}, "at most once"),
+    ({"checkpoints": ("last",)}, "must name each of final, best"),
+    ({"patience": 0}, "patience=0 must be a positive int"),
+    ({"first_seed": -1}, "first_seed=-1 must be"),
+])
+def test_bad_stopping_and_seed_settings_are_one_line_errors(changes, message):
+  with pytest.raises(ValueError, match=message):
+    experiment_plan.Budget(**{"train_steps": 10, "eval_period": 5, **changes})

@@ -211,7 +211,7 @@ def test_the_cpu_preset_evaluates_every_test_pair(tmp_path, preset, binding):
   run = tmp_path / "runs" / "deterministic"
   (run / "checkpoints" / "4").mkdir(parents=True)
   budget = dataclasses.replace(experiment.PRESETS[preset], methods=("deterministic",),
-                               train_steps=4, best_checkpoint=False)
+                               train_steps=4, checkpoints=("final",))
   runner = _Recorder()
   experiment.Experiment(budget, tmp_path, runner).evaluate()
   [args] = runner.args
