@@ -80,6 +80,11 @@ class EncoderDecoderModel(BaseModel):
     loss_normalization: ``tokens`` (mean NLL per target token) or ``examples``
       (per-sequence NLL averaged over sequences).
     label_smoothing: label smoothing of the training loss.
+    weight_noise: train under the Bayesian layers' weight samples (the ELBO's Monte
+      Carlo estimate). False trains at the posterior mean: the KL is then only a
+      penalty, on the means the L2 of MAP under the prior (the control that
+      separates the weight noise from the penalty); the posterior scales follow the
+      KL alone and mean nothing.
     z_loss: weight of ``log(Z)^2``, which keeps the softmax normalizer near 1.
     eos_id: end-of-sequence id.
     decode_weights: how model-averaged decoding holds its ``S`` weight samples:
@@ -94,6 +99,7 @@ class EncoderDecoderModel(BaseModel):
   num_train_units: float
   loss_normalization: str = "tokens"
   label_smoothing: float = 0.0
+  weight_noise: bool = True
   z_loss: float = 1e-4
   eos_id: int = 1
   decode_weights: str = "stored"
@@ -108,6 +114,9 @@ class EncoderDecoderModel(BaseModel):
     if not self.num_train_units > 0:
       raise ValueError(f"EncoderDecoderModel: num_train_units={self.num_train_units!r} must be "
                        "the (positive) number of training tokens or examples")
+    if not isinstance(self.weight_noise, bool):
+      raise ValueError(f"EncoderDecoderModel: weight_noise={self.weight_noise!r} must be True "
+                       "or False")
     if not 0.0 <= self.label_smoothing < 1.0:
       raise ValueError(f"EncoderDecoderModel: label_smoothing={self.label_smoothing!r} must be "
                        "in [0, 1)")
@@ -165,6 +174,7 @@ class EncoderDecoderModel(BaseModel):
   def loss_sums(self, params, batch, rng, kl_weight=1.0):
     dropout_rng, sample_rng = jax.random.split(rng)
     logits, state = self._teacher_forced(params, batch, enable_dropout=True,
+                                         deterministic=not self.weight_noise,
                                          rngs={"dropout": dropout_rng, "sample": sample_rng})
     return self._sums(logits, total_kl(state), batch, kl_weight, self.label_smoothing)
 

@@ -38,7 +38,7 @@ def test_an_unknown_method_is_one_line_naming_the_nearest():
                                        "already$"):
     predictive_methods.register(predictive_methods.get("ivon"))
   with pytest.raises(ValueError, match="trained_by='sgd' must be one of deterministic, bayesian, "
-                                       "ivon"):
+                                       "ivon, map"):
     predictive_methods.PredictiveMethod("x", "", "sgd", predictive_methods.as_trained)
 
 
@@ -88,3 +88,34 @@ def test_the_experiments_runs_and_bindings_follow_the_registry(tmp_path: Path):
   assert found["ivon@final"] == {"run": "ivon", "step": 4, "extra": []}
   with pytest.raises(ValueError, match="methods=\\('laplacian',\\): each must be one of "):
     experiment_plan.Budget(train_steps=4, eval_period=2, methods=("laplacian",))
+
+
+def test_the_controls_are_the_bayesian_recipe_with_one_change_each():
+  """MAP: the Bayesian layers' recipe without weight noise, evaluated at its mean; KL 1 and
+  0.3: the recipe at another KL weight; each run by its own recipe, each temperature-scaled."""
+  import gin
+
+  from meshbayes import configurables  # noqa: F401  (registers the configurables)
+  from meshbayes.gin_configs import DIRECTORY as GIN_CONFIGS
+
+  def bound(recipe):
+    gin.clear_config()
+    gin.add_config_file_search_path(str(GIN_CONFIGS))
+    gin.parse_config_files_and_bindings([str(GIN_CONFIGS / experiment_plan.RECIPES[recipe])],
+                                        ["MODEL_DIR = 'x'", "TRAIN_STEPS = 1"], skip_unknown=True)
+    config = gin.config_str()
+    gin.clear_config()
+    return set(config.splitlines())
+
+  bayesian = bound("bayesian")
+  assert bound("map") - bayesian == {"EncoderDecoderModel.weight_noise = False"}
+  for weight in ("1", "0.3"):
+    assert bound(f"bayesian_kl{weight}") - bayesian == {f"KLWeight.value = {float(weight)}"}
+  assert "map" not in experiment_plan.Budget(train_steps=4, eval_period=2).methods
+  budget = experiment_plan.Budget(train_steps=4, eval_period=2, seeds=2,
+                                  methods=experiment_plan.CONTROLS)
+  assert budget.runs["map_seed1"] == ("uncertainty/map.gin", 1)
+  assert "evaluation.PredictiveConfig.num_samples=0" in predictive_methods.get("map").eval_bindings
+  for name in ("bayesian", *experiment_plan.CONTROLS):
+    assert ("evaluation.PredictiveConfig.temperature_scaling=True"
+            in predictive_methods.get(name).eval_bindings)

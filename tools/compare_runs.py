@@ -98,8 +98,16 @@ def _label(predictive: str, run_metrics: dict[str, Any]) -> str:
   label = (f"model average, S={run_metrics['num_samples']}" if base == "model_average"
            else base.replace("_", " "))
   if base != predictive:
-    label += f", temperature-scaled T={run_metrics['temperature_scaling']['temperature']:.2f}"
+    label += f", temperature-scaled T={temperature(run_metrics, predictive):.2f}"
   return label
+
+
+def temperature(run_metrics: dict[str, Any], predictive: str) -> float:
+  """The temperature of a temperature-scaled predictive (an evaluation from before
+  ``temperature_fits`` scaled only its headline: ``temperature_scaling``)."""
+  fit = run_metrics.get("temperature_fits", {}).get(predictive,
+                                                    run_metrics["temperature_scaling"])
+  return fit["temperature"]
 
 
 def reliability_arrays(reliability: dict[str, dict[str, list[float | None]]]

@@ -32,6 +32,9 @@ from meshbayes.posterior_diagnostics import MEDIAN_PREFIX, relative_change
 
 # The predictive methods (meshbayes.evaluation.methods: the runs each evaluates).
 METHODS = predictive_methods.names()
+# The Bayesian layers' controls: MAP (their penalty without the noise), KL weights 1 and
+# 0.3. Not in a budget unless asked for.
+CONTROLS = ("map", "bayesian_kl1", "bayesian_kl0.3")
 # The gin file of each training recipe the methods evaluate.
 RECIPES = {recipe: f"uncertainty/{recipe}.gin" for recipe in predictive_methods.RECIPES}
 CHECKPOINTS = ("final", "best")
@@ -57,7 +60,7 @@ class Budget:
       whole validation split, the test split's size) and the Laplace approximation's
       training (curvature) and validation (prior precision) batches.
     ood_examples: inputs per out-of-distribution set (and in-domain sources).
-    methods: the methods compared.
+    methods: the methods compared (default: all but ``CONTROLS``).
     checkpoints: where each method is evaluated, of ``CHECKPOINTS``: ``final`` (a run's
       last checkpoint: the end of the budget, or where it stopped early) and ``best``
       (its lowest validation NLL). The other seeds' runs are evaluated at the first.
@@ -87,7 +90,7 @@ class Budget:
   num_samples: int = 4
   eval_batches: int | None = ALL_TEST_PAIRS
   ood_examples: int = 512
-  methods: tuple[str, ...] = METHODS
+  methods: tuple[str, ...] = tuple(m for m in METHODS if m not in CONTROLS)
   checkpoints: tuple[str, ...] = CHECKPOINTS
   bindings: tuple[str, ...] = ()
   task_gin: str = "tasks/tatoeba_enfr_20k.gin"
@@ -289,12 +292,16 @@ def evaluations(budget: Budget, out: Path) -> dict[str, dict[str, Any]]:
             f"'{runs / member / 'checkpoints' / str(step(member))}'"
             for member in budget.runs if member.startswith(f"{run}_seed"))))
       found[f"{name}@{checkpoint}"] = {"run": run, "step": step(run), "extra": extra}
-  # Every other seed as itself: the seed spread of the deterministic model (the
-  # ensemble's members) and of each method with ``seed_spread``.
+  # Every other seed as itself, evaluated as its recipe's own method (each recipe is a
+  # method too): the seed spread of the deterministic model (the ensemble's members) and
+  # of each method with ``seed_spread``.
   checkpoint = budget.seed_checkpoint
-  for run in budget.runs:
+  for run, (_, _) in budget.runs.items():
     if "_seed" in run:
-      found[f"{run}@{checkpoint}"] = {"run": run, "step": step_at(checkpoint, run), "extra": []}
+      recipe = run.rsplit("_seed", 1)[0]
+      found[f"{run}@{checkpoint}"] = {
+          "run": run, "step": step_at(checkpoint, run),
+          "extra": list(predictive_methods.get(recipe).eval_bindings)}
   return found
 
 

@@ -40,12 +40,12 @@ LAYER_KINDS = (("norm", "_norm/"), ("cross_attention", "encoder_decoder_attentio
                ("logits", "logits"), ("relative_positions", "relpos"))
 QUANTILES = (0.05, 0.5, 0.95)
 # Columns whose other training seeds are evaluated too: column title -> (the method of
-# seed 0's evaluation, predictive): the deterministic model (its other seeds are the
+# seed 0's evaluation, predictive): the deterministic model's (its other seeds are the
 # ensemble's members) and every column of a method trained at several seeds.
-SEED_GROUPS = {"deterministic": ("deterministic", "posterior_mean"), **{
+SEED_GROUPS = {
     title: (name, predictive) for name in predictive_methods.names()
-    if predictive_methods.get(name).seed_spread
-    for predictive, title in predictive_methods.get(name).columns}}
+    if name == "deterministic" or predictive_methods.get(name).seed_spread
+    for predictive, title in predictive_methods.get(name).columns}
 
 
 def layer_kind(name: str) -> str:
@@ -107,7 +107,7 @@ def _columns(results: Mapping[str, Path], checkpoint: str) -> list[compare_runs.
     for predictive, title in COLUMNS[method].items():
       if predictive in run_metrics["predictives"]:
         if predictive.endswith("temperature_scaled"):
-          title += f" (T={run_metrics['temperature_scaling']['temperature']:.2f})"
+          title += f" (T={compare_runs.temperature(run_metrics, predictive):.2f})"
         cols.append(compare_runs.Column(title, run_metrics, predictive,
                                         reliability[predictive], result_dir))
   return cols

@@ -33,7 +33,21 @@ Column = compare_runs.Column
 # OOD measures fixed before looking at any result: predictive entropy (every model has it)
 # and, for a posterior, mutual information (its samples' disagreement).
 OOD_MEASURES = ("total_uncertainty", "mutual_information")
-BASELINE = "deterministic"  # the column every paired difference is taken against
+BASELINE = "deterministic"  # the column every paired difference is taken against,
+SCALED_BASELINE = "temperature-scaled"  # but a temperature-scaled column's: this one
+
+
+def group_title(title: str) -> str:
+  """A column's title without its fitted temperature (``... (T=1.10)``)."""
+  return title.split(" (T=")[0]
+
+
+def baseline_of(title: str) -> str:
+  """The column a column is compared with: the temperature-scaled deterministic model for a
+  temperature-scaled posterior, else the deterministic model."""
+  title = group_title(title)
+  return (SCALED_BASELINE if title.endswith(SCALED_BASELINE) and title != SCALED_BASELINE
+          else BASELINE)
 
 
 def _signed(interval: bootstrap.Interval, scale: float, spec: str) -> str:
@@ -73,19 +87,24 @@ def paired_table(cols: Sequence[Column], num_resamples: int = bootstrap.DEFAULT_
   sources, with the interval and its verdict (better, worse, within noise); and, per OOD
   set, each posterior's AUROC by total uncertainty and by mutual information minus the
   deterministic model's by total uncertainty."""
-  baseline = next((c for c in cols if c.title == BASELINE), None)
+  by_title = {group_title(c.title): c for c in cols}
+  baseline = by_title.get(BASELINE)
+  bases = {c.title: by_title.get(baseline_of(c.title), baseline) for c in cols}
   others = [c for c in cols if c is not baseline]
   if baseline is None or not others:
     return "", {}
-  base_items = evaluation_items.read_items(baseline.directory, baseline.predictive)
+  base_items = {id(b): evaluation_items.read_items(b.directory, b.predictive)
+                for b in {id(b): b for b in bases.values()}.values()}
   differences = {c.title: evaluation_items.paired_differences(
-      evaluation_items.read_items(c.directory, c.predictive), base_items, num_resamples)
-                 for c in others}
-  lines = _header(f"minus {BASELINE}: difference [95% interval]", [c.title for c in others])
+      evaluation_items.read_items(c.directory, c.predictive), base_items[id(bases[c.title])],
+      num_resamples) for c in others}
+  lines = _header(f"minus {BASELINE} (a temperature-scaled posterior: minus the "
+                  "temperature-scaled deterministic model): difference [95% interval]",
+                  [c.title for c in others])
   for figure in map(registry.get, registry.HEADLINE_FIGURES):
     name = figure.name
     cells = [f"{_signed(d[name], figure.scale, figure.format_spec)}"
-             f"{_verdict(name, d[name], (c, baseline))}"
+             f"{_verdict(name, d[name], (c, bases[c.title]))}"
              if name in d and np.isfinite(d[name].estimate) else "-"
              for c, d in zip(others, differences.values())]
     lines.append(f"| {figure.label} | " + " | ".join(cells) + " |")
@@ -215,7 +234,7 @@ def seed_table(cols: Sequence[Column], values: Mapping[str, Mapping[str, Mapping
                                     for s in c.metrics.get("ood_intervals", {})}
   titles = []
   for c in cols:
-    seeds = _seed_count(values.get(c.title, {}))
+    seeds = _seed_count(values.get(group_title(c.title), {}))
     titles.append(f"{c.title} ({seeds} seeds; t, {seeds - 1} df)" if seeds >= 2
                   else f"{c.title} (single realization)")
   lines = _header(f"seed 0: bootstrap {level:.0%} interval over test sources; mean of seeds: "
@@ -224,7 +243,7 @@ def seed_table(cols: Sequence[Column], values: Mapping[str, Mapping[str, Mapping
   for label, name, scale, spec in _figures(sorted(names)):
     own, spread = [], []
     for c in cols:
-      by_seed = values.get(c.title, {}).get(name, {})
+      by_seed = values.get(group_title(c.title), {}).get(name, {})
       seed_zero = _seed_zero(c, name)
       own.append(compare_runs.interval_text(seed_zero, scale, spec))
       entry = summary.setdefault(c.title, {}).setdefault(name, {"seed_0": seed_zero})
@@ -233,7 +252,8 @@ def seed_table(cols: Sequence[Column], values: Mapping[str, Mapping[str, Mapping
         spread.append(mean.interval().format(spec, scale))
         entry.update(seeds={str(k): v for k, v in by_seed.items()}, mean=mean.as_dict())
       else:
-        spread.append("single realization" if _seed_count(values.get(c.title, {})) < 2
+        spread.append("single realization" if _seed_count(values.get(group_title(c.title),
+                                                                      {})) < 2
                       else "-")
     if any(cell != "-" for cell in own + spread):
       lines.append(f"| {label}, seed 0 | " + " | ".join(own) + " |")
@@ -256,19 +276,20 @@ def seed_difference_table(values: Mapping[str, Mapping[str, Mapping[int, float]]
   order; the paired interval takes out what that order does to both. Welch's assumes
   nothing of the pairing and uses every seed of each side.
   """
-  base = values.get(BASELINE, {})
-  others = [t for t, figures in values.items() if t != BASELINE and _seed_count(figures) >= 2]
-  if _seed_count(base) < 2 or not others:
+  others = [t for t, figures in values.items() if t != BASELINE and _seed_count(figures) >= 2
+            and _seed_count(values.get(baseline_of(t), {})) >= 2]
+  if not others:
     return "", {}
-  lines = _header(f"mean over seeds minus {BASELINE}'s: difference [{level:.0%} interval]",
-                  others)
+  lines = _header(f"mean over seeds minus {BASELINE}'s (a temperature-scaled posterior: "
+                  f"minus the temperature-scaled deterministic model's): difference "
+                  f"[{level:.0%} interval]", others)
   summary: dict[str, Any] = {}
   for label, name, scale, spec in _figures(sorted({n for t in others for n in values[t]})):
     welch, paired = [], []
     # Which way is better: the registry's, the AUROC's for an OOD set.
     measure = _auroc("total_uncertainty").name if name.startswith("ood/") else name
     for title in others:
-      a, b = values[title].get(name, {}), base.get(name, {})
+      a, b = values[title].get(name, {}), values[baseline_of(title)].get(name, {})
       if len(a) < 2 or len(b) < 2:
         welch.append("-")
         paired.append("-")

@@ -109,7 +109,7 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
     result.update(num_samples=variants[0].num_samples,
                   ensemble=[str(model_dir), *predictive.ensemble_dirs])
   if predictive.temperature_scaling:
-    variants.append(_temperature_scaled(run, variants[0], split, predictive, result))
+    variants += _temperature_scaled(run, variants, split, predictive, result)
   result["predictives"] = [v.name for v in variants]
   sources = group_sources(batches, get_task(data.task).output_features["inputs"].vocabulary,
                           data.vocabulary)
@@ -167,20 +167,30 @@ def _teacher_forced(run: _Run, batches: list[dict[str, np.ndarray]], num_samples
       batches, "teacher-forced pass"), partitioner, jax.random.fold_in(run.rng, 1))
 
 
-def _temperature_scaled(run: _Run, headline: Predictive, split: str,
-                        settings: PredictiveConfig, result: dict[str, Any]) -> Predictive:
-  """The headline predictive at a temperature fitted on ``settings.temperature_split``."""
+def _temperature_scaled(run: _Run, variants: Sequence[Predictive], split: str,
+                        settings: PredictiveConfig, result: dict[str, Any]) -> list[Predictive]:
+  """Each predictive at its own temperature, fitted on ``settings.temperature_split``:
+  each fit in ``result['temperature_fits']`` under the scaled predictive's name, the
+  headline's also as ``result['temperature_scaling']``."""
   fit_split = settings.temperature_split
   if fit_split == split:
     print(f"warning: the temperature is fitted on the evaluated split {split!r}",
           file=sys.stderr)
-  batches = run.data.eval_batches(run.partitioner.data_layout(run.data.batch_size), fit_split)
-  temperature, fit = predictives.fit_temperature(
-      run.model, run.params, run.progress.track(batches, f"fitting the temperature on "
-                                                         f"{fit_split}"),
-      run.partitioner, headline, jax.random.fold_in(run.rng, 2))
-  result["temperature_scaling"] = {"split": fit_split, "temperature": temperature, **fit}
-  return headline.temperature_scaled(temperature)
+  scaled, fits = [], result.setdefault("temperature_fits", {})
+  for index, variant in enumerate(variants):
+    batches = run.data.eval_batches(run.partitioner.data_layout(run.data.batch_size), fit_split)
+    temperature, fit = predictives.fit_temperature(
+        run.model, run.params, run.progress.track(batches, _fitting_phase_name(fit_split,
+                                                                               variant)),
+        run.partitioner, variant, jax.random.fold_in(run.rng, 2 + index))
+    scaled.append(variant.temperature_scaled(temperature))
+    fits[scaled[-1].name] = {"split": fit_split, "temperature": temperature, **fit}
+  result["temperature_scaling"] = fits[scaled[0].name]
+  return scaled
+
+
+def _fitting_phase_name(split: str, variant: Predictive) -> str:
+  return f"fitting the temperature of {variant.name} on {split}"
 
 
 def _figures(run: _Run, batches: list[dict[str, np.ndarray]], sources: Sources,
@@ -302,15 +312,15 @@ def _plan(data: TaskData, split: str, variants: Sequence[Predictive], teacher_fo
           ) -> list[phases.Phase]:
   """The passes ``evaluate`` makes, in order, with their costs (``evaluation.phases``)."""
   Phase = phases.Phase  # pylint: disable=invalid-name
-  variants = list(variants)
-  if predictive.temperature_scaling:
-    variants.append(variants[0].temperature_scaled(1.0))
+  unscaled = list(variants)
+  variants = unscaled + ([v.temperature_scaled(1.0) for v in unscaled]
+                         if predictive.temperature_scaling else [])
   plan = [Phase(f"reading {data.task}/{split}", "read")]
   if teacher_forced:
     plan.append(Phase("teacher-forced pass", "score", 1 + predictive.num_samples))
   if predictive.temperature_scaling:
-    plan.append(Phase(f"fitting the temperature on {predictive.temperature_split}", "score",
-                      _passes(variants[0])))
+    plan += [Phase(_fitting_phase_name(predictive.temperature_split, v), "score", _passes(v))
+             for v in unscaled]
   plan += [Phase(f"token calibration ({v.name})", "score", _passes(v)) for v in variants]
   if decoding.enabled:
     beam = decoding.beam_size if decoding.method == "beam" else 1

@@ -27,8 +27,10 @@ from meshbayes import laplace
 from meshbayes.layers import Ensemble, MCDropout, holds_posterior
 from meshbayes.models.base import BaseModel
 
-# The training recipes runs come from (gin_configs/uncertainty/<recipe>.gin).
-RECIPES = ("deterministic", "bayesian", "ivon")
+# The training recipes runs come from (gin_configs/uncertainty/<recipe>.gin): the three
+# methods' and the Bayesian layers' controls (MAP; the KL weights 1 and 0.3).
+RECIPES = ("deterministic", "bayesian", "ivon", "map", "bayesian_kl1", "bayesian_kl0.3")
+_TEMPERATURE_SCALED = ("evaluation.PredictiveConfig.temperature_scaling=True",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,13 +172,32 @@ register(PredictiveMethod(
     "ensemble", "the deterministic runs of K seeds, a uniform mixture", "deterministic",
     ensemble, combines_runs=True, eval_bindings=("evaluation.PredictiveConfig.method='ensemble'",),
     columns=(("model_average", "deep ensemble"),)))
+
+
+def _bayesian_columns(title: str) -> tuple[tuple[str, str], ...]:
+  return (("model_average", title), ("posterior_mean", f"{title} (mean)"),
+          ("model_average_temperature_scaled", f"{title}, temperature-scaled"),
+          ("posterior_mean_temperature_scaled", f"{title} (mean), temperature-scaled"))
+
+
 register(PredictiveMethod(
-    "bayesian", "the Bayesian layers' posterior (S weight samples)", "bayesian", as_trained,
-    seed_spread=True, columns=(("model_average", "Bayesian layers"),
-                               ("posterior_mean", "Bayesian layers (mean)"))))
+    "bayesian", "the Bayesian layers' posterior (S weight samples), KL weight 0.1",
+    "bayesian", as_trained, seed_spread=True, eval_bindings=_TEMPERATURE_SCALED,
+    columns=_bayesian_columns("Bayesian layers")))
 register(PredictiveMethod(
     "ivon", "IVON's posterior over every weight (S weight samples)", "ivon", as_trained,
     seed_spread=True, columns=(("model_average", "IVON"), ("posterior_mean", "IVON (mean)"))))
+register(PredictiveMethod(
+    "map", "the Bayesian layers' recipe trained without weight noise: its posterior mean",
+    "map", as_trained, seed_spread=True,
+    eval_bindings=("evaluation.PredictiveConfig.num_samples=0", *_TEMPERATURE_SCALED),
+    columns=(("posterior_mean", "MAP"), ("posterior_mean_temperature_scaled",
+                                         "MAP, temperature-scaled"))))
+for _weight in ("1", "0.3"):
+  register(PredictiveMethod(
+      f"bayesian_kl{_weight}", f"the Bayesian layers' posterior at KL weight {_weight}",
+      f"bayesian_kl{_weight}", as_trained, seed_spread=True, eval_bindings=_TEMPERATURE_SCALED,
+      columns=_bayesian_columns(f"Bayesian layers, KL {_weight}")))
 register(PredictiveMethod(
     "laplace", "a last-layer Laplace approximation around the deterministic run",
     "deterministic", laplace.fit, eval_bindings=("evaluation.PredictiveConfig.method='laplace'",),

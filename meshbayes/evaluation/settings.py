@@ -60,8 +60,8 @@ class PredictiveConfig:
     ensemble_dirs: more runs of the same deterministic model (other seeds): with
       them, ``MODEL_DIR``'s run and these are evaluated as one deep ensemble, a
       uniform mixture (``num_samples`` > 0; all members are averaged).
-    temperature_scaling: also evaluate the headline predictive temperature-scaled:
-      one temperature fitted by teacher-forced NLL on ``temperature_split``
+    temperature_scaling: also evaluate every predictive temperature-scaled: each its
+      own temperature, fitted by teacher-forced NLL on ``temperature_split``
       (``evaluation.predictives.fit_temperature``), applied to token probabilities
       and to the scores of the unscaled predictive's outputs (it translates the
       same); reported as ``<predictive>_temperature_scaled``.

@@ -62,6 +62,30 @@ def deterministic_stops_early(tmp_path):
     yield
 
 
+@pytest.mark.integration
+def test_the_map_control_end_to_end_with_early_stopping(data_dir, tmp_path):
+  """MAP (the Bayesian layers' recipe without weight noise) beside the deterministic model,
+  each run under early stopping (here both reach the cap), MAP at its mean, temperature-scaled
+  too. (The KL-weight controls are the Bayesian recipe with one binding changed:
+  tests/test_predictive_methods.py.)"""
+  out, _ = _run_toy(data_dir, tmp_path, "--methods=deterministic,map", "--seeds=1",
+                    "--patience=3")
+  config = (out / "runs" / "map" / "config.gin").read_text()
+  assert "EncoderDecoderModel.weight_noise = False" in config
+  assert "EvaluationConfig.patience = 3" in config
+  the_map = json.loads((out / "eval" / "map_final" / "metrics.json").read_text())
+  assert the_map["predictives"] == ["posterior_mean", "posterior_mean_temperature_scaled"]
+  assert set(the_map["temperature_fits"]) == {"posterior_mean_temperature_scaled"}
+  report = (out / "report.md").read_text()
+  header = re.search(r"^\| metric \|.*$", report, flags=re.M)[0]
+  for column in ("deterministic", "MAP", "MAP, temperature-scaled (T="):
+    assert f"| {column}" in header
+  for run in ("deterministic", "map"):
+    assert f"| {run} | 4 | **the cap** (4) |" in report
+  assert json.loads((out / "report.json").read_text())["stopped_at"] == {
+      "deterministic": None, "map": None}
+
+
 @pytest.fixture(scope="module")
 def toy(data_dir, tmp_path_factory):
   """Every method, two seeds each (the slow tests); the deterministic run's best checkpoint

@@ -116,10 +116,12 @@ def seed_results(tmp_path):
 
 def test_seed_groups_pair_evaluations_by_seed_number(seed_results, tmp_path):
   seed_results["bayesian_seed10@final"] = tmp_path / "bayesian_seed10_final"
-  groups = experiment_report._seed_groups(seed_results)
+  groups = experiment_report._seed_groups(seed_results, "final")
   assert list(groups["Bayesian layers"]) == [0, 1, 2, 10]  # by number, not by name
   assert groups["deterministic"][2] == tmp_path / "deterministic_seed2_final"
-  assert set(groups) == {"deterministic", "Bayesian layers", "Bayesian layers (mean)"}
+  assert set(groups) == {"deterministic", "temperature-scaled", "Bayesian layers",
+                         "Bayesian layers (mean)", "Bayesian layers, temperature-scaled",
+                         "Bayesian layers (mean), temperature-scaled"}
   # Every seed group is a column of the report.
   titles = {title for columns in experiment_report.COLUMNS.values()
             for title in columns.values()}
@@ -127,7 +129,7 @@ def test_seed_groups_pair_evaluations_by_seed_number(seed_results, tmp_path):
 
 
 def test_the_seed_table_puts_the_mean_over_seeds_beside_seed_0(seed_results):
-  groups = experiment_report._seed_groups(seed_results)
+  groups = experiment_report._seed_groups(seed_results, "final")
   values = tables.seed_values(groups, {t: experiment_report.SEED_GROUPS[t][1] for t in groups})
   assert values["deterministic"]["bleu"] == {0: 20.0, 1: 22.0, 2: 24.0}
   assert values["Bayesian layers"]["ood/spanish"] == pytest.approx({0: 0.65, 1: 0.67, 2: 0.69})
@@ -156,12 +158,13 @@ def test_the_seed_table_puts_the_mean_over_seeds_beside_seed_0(seed_results):
 
 
 def test_seed_level_differences_against_the_deterministic_model(seed_results):
-  groups = experiment_report._seed_groups(seed_results)
+  groups = experiment_report._seed_groups(seed_results, "final")
   values = tables.seed_values(groups, {t: experiment_report.SEED_GROUPS[t][1] for t in groups})
   table, summary = tables.seed_difference_table(values)
   lines = table.splitlines()
-  assert lines[0] == ("| mean over seeds minus deterministic's: difference [95% interval] | "
-                      "Bayesian layers | Bayesian layers (mean) |")
+  assert lines[0] == ("| mean over seeds minus deterministic's (a temperature-scaled "
+                      "posterior: minus the temperature-scaled deterministic model's): "
+                      "difference [95% interval] | Bayesian layers | Bayesian layers (mean) |")
   bleu = summary["Bayesian layers"]["bleu"]
   welch = stats.ttest_ind(BLEU["bayesian"], BLEU["deterministic"], equal_var=False)
   assert bleu["welch"]["p_value"] == pytest.approx(welch.pvalue)
@@ -181,19 +184,36 @@ def test_seed_level_differences_against_the_deterministic_model(seed_results):
   assert lines[4].startswith("| OOD spanish: AUROC by total uncertainty, Welch | +0.060 [")
 
 
+def test_a_temperature_scaled_posterior_is_compared_with_the_temperature_scaled_model():
+  values = {"deterministic": {"bleu": {0: 20.0, 1: 22.0, 2: 24.0}},
+            "temperature-scaled": {"bleu": {0: 21.0, 1: 20.0, 2: 22.0}},
+            "Bayesian layers, temperature-scaled": {"bleu": {0: 22.0, 1: 23.0, 2: 27.0}},
+            "MAP": {"bleu": {0: 21.0, 1: 23.0, 2: 25.0}}}
+  assert tables.baseline_of("MAP, temperature-scaled (T=1.31)") == "temperature-scaled"
+  assert tables.baseline_of("temperature-scaled (T=1.31)") == "deterministic"
+  _, summary = tables.seed_difference_table(values)
+  paired = lambda title: summary[title]["bleu"]["paired"]["estimate"]
+  assert paired("Bayesian layers, temperature-scaled") == pytest.approx(3.0)  # 24 - 21
+  assert paired("temperature-scaled") == pytest.approx(-1.0)  # 21 - 22
+  assert paired("MAP") == pytest.approx(1.0)  # 23 - 22
+  # Without seeds of the temperature-scaled deterministic model: no test of its kind.
+  del values["temperature-scaled"]
+  assert set(tables.seed_difference_table(values)[1]) == {"MAP"}
+
+
 def test_the_report_has_the_seed_section_in_markdown_and_json(seed_results):
   summary = {}
-  section = "\n".join(experiment_report._seed_section(seed_results, summary))
+  section = "\n".join(experiment_report._seed_section(seed_results, "final", summary))
   assert "## Training seeds (end of the budget)" in section
   assert "### Seed-level differences against the deterministic model" in section
   assert "| BLEU, mean of seeds | 22.00 [17.03, 26.97] |" in section
-  assert set(summary["seeds"]) == {"means", "differences"}
+  assert set(summary["seeds"]) == {"checkpoint", "means", "differences"}
   welch = summary["seeds"]["differences"]["Bayesian layers"]["bleu"]["welch"]
   assert welch["seed_counts"] == [3, 3]
   json.dumps(summary)  # report.json takes it as it is
   # One seed per method: no section.
   assert experiment_report._seed_section(
-      {k: v for k, v in seed_results.items() if "_seed" not in k}, {}) == []
+      {k: v for k, v in seed_results.items() if "_seed" not in k}, "final", {}) == []
 
 
 class _Recorder:

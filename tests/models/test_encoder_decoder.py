@@ -73,6 +73,24 @@ def test_loss_is_nll_plus_z_loss_plus_scaled_kl(normalization):
   assert float(metrics["num_tokens"]) == weights.sum()
 
 
+def test_without_weight_noise_the_loss_is_the_posterior_means_nll_plus_the_same_kl():
+  """The MAP control (weight_noise=False): the training NLL is the posterior mean's, whatever
+  the rng, and the KL penalty is the one the noisy model pays for the same parameters."""
+  noisy, params, batch = setup()
+  quiet = EncoderDecoderModel(CONFIG, num_train_units=500.0, weight_noise=False)
+  loss = lambda model, seed: jax.jit(functools.partial(model.loss_fn, kl_weight=0.1))(
+      params, batch, jax.random.key(seed))[1]
+  first, second = loss(quiet, 1), loss(quiet, 2)
+  np.testing.assert_array_equal(first["nll"], second["nll"])
+  mean_nll = jax.jit(lambda p, b: quiet.eval_fn(p, b)[1]["nll"])(params, batch)
+  np.testing.assert_allclose(first["nll"], mean_nll, rtol=1e-6)
+  np.testing.assert_allclose(first["kl"], loss(noisy, 1)["kl"], rtol=1e-6)
+  assert float(first["kl"]) > 0
+  assert float(loss(noisy, 1)["nll"]) != float(loss(noisy, 2)["nll"])  # weight samples
+  with pytest.raises(ValueError, match="weight_noise=0 must be True or False"):
+    EncoderDecoderModel(CONFIG, num_train_units=500.0, weight_noise=0)
+
+
 def test_eval_fn_uses_the_posterior_mean():
   model, params, batch = setup()
   first = jax.jit(model.eval_fn)(params, batch)

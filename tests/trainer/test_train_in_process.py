@@ -329,9 +329,13 @@ def test_evaluate_infer_and_show_a_trained_run(trained, tmp_path, capsys):
   assert {"nll", "accuracy", "neg_elbo", "exact_match", "bleu", "token_ece",
           "sequence_ece"} <= set(metrics)
   assert metrics["predictives"] == ["model_average", "posterior_mean",
-                                    "model_average_temperature_scaled"]
-  fit = metrics["temperature_scaling"]
-  assert min(fit["nll"]) <= fit["nll_at_1"] and 0.125 <= fit["temperature"] <= 8
+                                    "model_average_temperature_scaled",
+                                    "posterior_mean_temperature_scaled"]
+  fits = metrics["temperature_fits"]  # each predictive its own temperature
+  assert set(fits) == set(metrics["predictives"][2:])
+  assert metrics["temperature_scaling"] == fits["model_average_temperature_scaled"]
+  for fit in fits.values():
+    assert min(fit["nll"]) <= fit["nll_at_1"] and 0.125 <= fit["temperature"] <= 8
   assert set(metrics["decoding"]) == set(metrics["predictives"])
   decoded_tokens = metrics["decoding"]["model_average"]
   assert 0 <= decoded_tokens["decoded_token_ece"] <= 1
@@ -345,9 +349,10 @@ def test_evaluate_infer_and_show_a_trained_run(trained, tmp_path, capsys):
     assert len((out_dir / f"predictions_{name}.jsonl").read_text().splitlines()) == 128
     bleu = metrics["intervals"][name]["bleu"]
     assert bleu["low"] <= metrics["decoding"][name]["bleu"] == bleu["estimate"] <= bleu["high"]
-  # Temperature scaling rescores the model average's outputs: the same translations.
-  assert metrics["decoding"]["model_average_temperature_scaled"]["bleu"] == \
-      metrics["decoding"]["model_average"]["bleu"]
+  # Temperature scaling rescores each predictive's outputs: the same translations.
+  for name in ("model_average", "posterior_mean"):
+    assert metrics["decoding"][f"{name}_temperature_scaled"]["bleu"] == \
+        metrics["decoding"][name]["bleu"]
   auroc = metrics["ood_intervals"]["shuffled_words"]["auroc_total_uncertainty"]
   assert auroc["low"] <= metrics["ood"]["shuffled_words"]["auroc_total_uncertainty"] <= auroc["high"]
   assert (out_dir / "reliability.png").stat().st_size > 0
@@ -355,11 +360,13 @@ def test_evaluate_infer_and_show_a_trained_run(trained, tmp_path, capsys):
   assert "token calibration (model_average)" in err and "decoding shuffled_words" in err
   # One line per phase, numbered, the time left once a pass is timed, and the total.
   phases = [line for line in out.splitlines() if line.startswith("phase ")]
-  assert [line.split(":")[0] for line in phases] == [f"phase {k}/12" for k in range(1, 13)], phases
-  assert phases[0] == "phase 1/12: reading synthetic_reverse/validation"
-  assert phases[-1].startswith("phase 12/12: decoding shuffled_words (greedy); about ")
-  assert "decoding synthetic_reverse sources (model_average); about " in phases[6]
-  assert "scoring synthetic_reverse sources (model_average_temperature_scaled)" in phases[8]
+  assert [line.split(":")[0] for line in phases] == [f"phase {k}/15" for k in range(1, 16)], phases
+  assert phases[0] == "phase 1/15: reading synthetic_reverse/validation"
+  assert phases[3].startswith("phase 4/15: fitting the temperature of posterior_mean on "
+                              "validation")
+  assert phases[-1].startswith("phase 15/15: decoding shuffled_words (greedy); about ")
+  assert "decoding synthetic_reverse sources (model_average); about " in phases[8]
+  assert "scoring synthetic_reverse sources (posterior_mean_temperature_scaled)" in phases[11]
   assert re.search(r"^evaluation done in [0-9.]+ (s|min)$", out, flags=re.MULTILINE), out[-500:]
   scalars = events(out_dir)
   assert scalars[("validation/bleu", 8)] == pytest.approx(metrics["bleu"], rel=1e-6)
