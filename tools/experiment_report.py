@@ -25,7 +25,8 @@ import numpy as np
 from meshbayes import checkpoints, metrics
 from meshbayes.evaluation import methods as predictive_methods
 from meshbayes.metrics import measures as registry
-from meshbayes.tools import compare_runs, experiment_tables, inspect_checkpoint
+from meshbayes.tools import (compare_runs, experiment_tables, experiment_verdicts,
+                             inspect_checkpoint)
 from meshbayes.tools.experiment_plan import (CHECKPOINTS, Budget, best_step, convergence,
                                              read_json, result_dirs, stopped_at,
                                              validation_curve, write_json)
@@ -248,6 +249,7 @@ def _seed_section(results: Mapping[str, Path], checkpoint: str,
   values = experiment_tables.seed_values(groups, {t: SEED_GROUPS[t][1] for t in groups})
   spread, means = experiment_tables.seed_table(_columns(results, checkpoint), values)
   tests, differences = experiment_tables.seed_difference_table(values)
+  verdicts, summary["verdicts"] = experiment_verdicts.verdict_table(values)
   summary["seeds"] = {"checkpoint": checkpoint, "means": means, "differences": differences}
   where = ("end of the budget" if checkpoint == "final" else
            "each run's best validation checkpoint")
@@ -267,6 +269,14 @@ def _seed_section(results: Mapping[str, Path], checkpoint: str,
                 "same batches in the same order: SEED sets the data order), each with its "
                 "two-sided p-value: better or worse when the interval excludes 0.", "",
                 tests, ""]
+  if verdicts:
+    section += ["### One verdict per claim", "",
+                "Each comparison sets a column against the control that would explain its "
+                "effect away; each figure is the paired t interval over the seeds both have. "
+                "A claim helps (hurts) when one of its figures is better (worse) outside "
+                "noise and none points the other way; a sequence calibration figure on fewer "
+                f"than {registry.MIN_POSITIVES} positive labels in a seed is underpowered and "
+                "decides nothing (`tools/experiment_verdicts.py`).", "", verdicts, ""]
   return section
 
 

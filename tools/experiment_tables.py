@@ -182,8 +182,9 @@ def _figures(names: Sequence[str]) -> list[tuple[str, str, float, str]]:
 
 def seed_values(groups: Mapping[str, Mapping[int, Path]], predictives: Mapping[str, str]
                 ) -> dict[str, dict[str, dict[int, float]]]:
-  """``{title: {figure: {seed: value}}}``: each seed's headline figures (and, for an
-  evaluation's headline predictive, its OOD AUROCs by total uncertainty, as ``ood/<set>``)
+  """``{title: {figure: {seed: value}}}``: each seed's headline figures and the counts of
+  positive labels they rest on (and, for an evaluation's headline predictive, its OOD
+  AUROCs by total uncertainty, as ``ood/<set>``)
   read from ``groups`` (title -> ``{seed: evaluation directory}``), of the predictive
   ``predictives[title]``; undefined figures (null, NaN) are left out."""
   auroc = _auroc("total_uncertainty")
@@ -196,7 +197,8 @@ def seed_values(groups: Mapping[str, Mapping[int, Path]], predictives: Mapping[s
       if predictive not in run_metrics["predictives"]:
         continue
       figures = run_metrics["intervals"][predictive]
-      for name in registry.HEADLINE_FIGURES:
+      counts = {registry.positives_figure(name) for name in registry.HEADLINE_FIGURES} - {None}
+      for name in (*registry.HEADLINE_FIGURES, *sorted(counts)):
         value = figures.get(name, {}).get("estimate")
         if value is not None and np.isfinite(value):
           found.setdefault(name, {})[seed] = float(value)

@@ -210,6 +210,9 @@ def test_the_report_has_the_seed_section_in_markdown_and_json(seed_results):
   assert set(summary["seeds"]) == {"checkpoint", "means", "differences"}
   welch = summary["seeds"]["differences"]["Bayesian layers"]["bleu"]["welch"]
   assert welch["seed_counts"] == [3, 3]
+  assert "### One verdict per claim" in section
+  assert summary["verdicts"]["Bayesian layers vs deterministic"]["claims"]["translation"][
+      "verdict"] == "helps"  # BLEU +3, 4, 2 by seed
   json.dumps(summary)  # report.json takes it as it is
   # One seed per method: no section.
   assert experiment_report._seed_section(
