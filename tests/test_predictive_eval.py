@@ -368,3 +368,47 @@ def test_the_equivalence_samples_option_is_checked(setup):
     decode(equivalence_samples=2, samples=[[(3,), (4,)]] * 8)
   with pytest.raises(ValueError, match="row 0 has 1 samples, not equivalence_samples=2"):
     decode(equivalence_samples=2, outputs=[(3,)] * 8, samples=[[(3,)]] * 8)
+
+
+def test_an_interrupted_decoding_resumes_to_the_uninterrupted_result(setup, tmp_path):
+  """Batches saved as they complete (evaluation.resumable.DecodeLog); an evaluation killed
+  after the first batch, started again, takes it from the file and decodes the rest: the
+  same records as one uninterrupted call, for a model average with equivalence samples and
+  for its temperature-scaled self rescoring them. Another fingerprint starts afresh."""
+  from meshbayes.evaluation import resumable
+
+  partitioner, params, batches = setup
+  inputs = [b["encoder_input_tokens"] for b in batches]
+  variant = predictive_eval.predictives(True, 2)[0]
+  decode = functools.partial(predictive_eval.decode_and_score, MODEL, params, inputs,
+                             partitioner, rng=jax.random.key(1), max_length=LENGTH, eos_id=EOS,
+                             method="greedy", equivalence_samples=2)
+  whole = decode(predictive=variant)
+  fingerprint = {"step": 4, "variant": variant.name}
+
+  class Killed(Exception):
+    pass
+
+  def killed_after_first(index, records):
+    log.save(index, records)
+    if index == 0:
+      raise Killed
+
+  log = resumable.DecodeLog(tmp_path, variant.name, fingerprint)
+  with pytest.raises(Killed):
+    decode(predictive=variant, on_batch=killed_after_first)
+  with log.path.open("a") as file:  # a line cut short by the kill
+    file.write('{"batch": 1, "records": [{"output_')
+  log = resumable.DecodeLog(tmp_path, variant.name, fingerprint)
+  assert len(log.done) == 1 and log.done[0] == whole[:8]
+  assert decode(predictive=variant, done=log.done, on_batch=log.save) == whole
+  assert len(resumable.DecodeLog(tmp_path, variant.name, fingerprint).done) == 2
+  assert resumable.DecodeLog(tmp_path, variant.name, {**fingerprint, "step": 6}).done == []
+  # A rescoring predictive skips the saved batches' rows of the outputs it is given.
+  scaled = functools.partial(decode, predictive=variant.temperature_scaled(1.7),
+                             outputs=[r.output_ids for r in whole],
+                             samples=[r.samples for r in whole])
+  rescored = scaled()
+  assert scaled(done=[rescored[:8]]) == rescored
+  resumable.remove(tmp_path)
+  assert not (tmp_path / "partial").exists()

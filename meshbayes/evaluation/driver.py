@@ -30,7 +30,7 @@ from jax.sharding import NamedSharding
 from meshbayes import metrics
 from meshbayes.checkpoint_restore import as_trained, restore_params
 from meshbayes.data.pipeline import TaskData, get_task
-from meshbayes.evaluation import items, methods, ood, phases, predictives, writer
+from meshbayes.evaluation import items, methods, ood, phases, predictives, resumable, writer
 from meshbayes.evaluation.settings import DecodeConfig, OodConfig, PredictiveConfig, ReportConfig
 from meshbayes.evaluation.sources import Sources, group_sources
 from meshbayes.evaluation.teacher_forced import teacher_forced_metrics
@@ -117,12 +117,18 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
                 num_references=sum(map(len, sources.references)))
   out_dir = epath.Path(report.output_dir or epath.Path(model_dir) / "eval" / data.task)
   out_dir.mkdir(parents=True, exist_ok=True)
+  # What a saved batch of decodes was decoded from: an evaluation resumes only its own.
+  fingerprint = {"model_dir": str(model_dir), "step": step, "task": data.task, "split": split,
+                 "batch_size": data.batch_size, "num_sources": len(sources.texts),
+                 "decoding": dataclasses.asdict(decoding),
+                 "predictive": dataclasses.asdict(predictive)}
   reliability = _figures(run, batches, sources, variants, decoding, predictive, report,
-                         out_dir, result)
+                         out_dir, result, fingerprint)
   if decoding.enabled:
     _ood(run, sources, variants[0], ood_sets, report, out_dir, result)
   progress.finish()  # before the lines saying where the results are, which come last
   writer.write_results(out_dir, result, reliability, epath.Path(model_dir).name)
+  resumable.remove(out_dir)
   return result
 
 
@@ -195,8 +201,8 @@ def _fitting_phase_name(split: str, variant: Predictive) -> str:
 
 def _figures(run: _Run, batches: list[dict[str, np.ndarray]], sources: Sources,
              variants: list[Predictive], decoding: DecodeConfig, predictive: PredictiveConfig,
-             report: ReportConfig, out_dir: epath.Path, result: dict[str, Any]
-             ) -> dict[str, dict[str, Any]]:
+             report: ReportConfig, out_dir: epath.Path, result: dict[str, Any],
+             fingerprint: dict[str, Any]) -> dict[str, dict[str, Any]]:
   """Each predictive's token calibration, decodes and figures with their intervals into
   ``result``, its items written; returns the reliability diagrams' curves."""
   reliability, token_statistics = {}, {}
@@ -212,7 +218,7 @@ def _figures(run: _Run, batches: list[dict[str, np.ndarray]], sources: Sources,
     result["token_calibration"][variant.name] = {k: v for k, v in token.items()
                                                  if not k.startswith("bin_")}
   result["token_ece"] = result["token_calibration"][variants[0].name]["ece"]
-  records = (_decode_sources(run, sources, variants, decoding, predictive)
+  records = (_decode_sources(run, sources, variants, decoding, predictive, out_dir, fingerprint)
              if decoding.enabled else {})
   result["decoding"], result["intervals"] = {}, {}
   for variant in variants:
@@ -266,13 +272,22 @@ def _source_items(data: TaskData, sources: Sources, token_statistics: dict[str, 
 
 
 def _decode_sources(run: _Run, sources: Sources, variants: list[Predictive],
-                    decoding: DecodeConfig, predictive: PredictiveConfig
-                    ) -> dict[str, list[predictives.Decoded]]:
+                    decoding: DecodeConfig, predictive: PredictiveConfig, out_dir: epath.Path,
+                    fingerprint: dict[str, Any]) -> dict[str, list[predictives.Decoded]]:
   """Each source decoded once by each predictive (a temperature-scaled one rescores its
   unscaled self's outputs and equivalence samples): ``{predictive: records, one per
-  source}``."""
+  source}``. Each batch is saved as it completes; an interrupted evaluation resumes there
+  (``evaluation.resumable``)."""
   data, records = run.data, {}
+  # One process: several would each need the same saved batches (a shared file system).
+  saving = jax.process_count() == 1
   for variant in variants:
+    log = resumable.DecodeLog(out_dir, variant.name, {
+        **fingerprint, "variant": [variant.name, variant.num_samples, variant.temperature]}
+    ) if saving else None
+    if log is not None and log.done:
+      print(f"resuming the decoding of {variant.name} after {len(log.done)} saved batches",
+            flush=True)
     unscaled = variant.name.removesuffix(predictives.TEMPERATURE_SCALED)
     rescored = records[unscaled] if unscaled != variant.name and unscaled in records else None
     outputs = None if rescored is None else [r.output_ids for r in rescored]
@@ -287,7 +302,8 @@ def _decode_sources(run: _Run, sources: Sources, variants: list[Predictive],
         eos_id=data.vocabulary.eos_id, outputs=outputs, method=decoding.method,
         beam_size=decoding.beam_size, sample_agreement=decoding.sample_agreement,
         beam_measures=predictive.beam_measures,
-        equivalence_samples=predictive.equivalence_samples, samples=samples)
+        equivalence_samples=predictive.equivalence_samples, samples=samples,
+        done=log.done if log else (), on_batch=log.save if log else None)
   return records
 
 

@@ -275,6 +275,8 @@ def decode_and_score(model: BaseModel, params: Any, input_batches: Iterable[np.n
                      outputs: Sequence[Sequence[int]] | None = None,
                      beam_measures: bool = False, equivalence_samples: int = 0,
                      samples: Sequence[Sequence[Sequence[int]]] | None = None,
+                     done: Sequence[Sequence[Decoded]] = (),
+                     on_batch: Callable[[int, list[Decoded]], None] | None = None,
                      **decode_kwargs: Any) -> list[Decoded]:
   """Decodes each row of ``input_batches`` (``(batch, input length)`` token ids, all-zero
   rows skipped) and scores the outputs under the same predictive distribution: for a
@@ -315,6 +317,12 @@ def decode_and_score(model: BaseModel, params: Any, input_batches: Iterable[np.n
       per non-empty row, without EOS) instead of drawing them: a temperature-scaled
       predictive rescores its unscaled self's samples at its temperature (``K`` scoring
       passes, no decode).
+    done: the records of the first ``len(done)`` batches from an interrupted call with
+      the same arguments: taken as they are, not decoded again (their rows of
+      ``outputs`` and ``samples`` skipped). The batches after them use the keys they
+      would have had, so the result is the uninterrupted call's.
+    on_batch: ``on_batch(index, records)`` as each batch's records are complete (to
+      save them: ``evaluation.resumable``).
     **decode_kwargs: ``predict_batch_with_aux`` options (``method``, ``beam_size``).
 
   Returns:
@@ -340,6 +348,13 @@ def decode_and_score(model: BaseModel, params: Any, input_batches: Iterable[np.n
   records = []
   with partitioner.activation_rules():
     for i, inputs in enumerate(input_batches):
+      if i < len(done):
+        records.extend(done[i])
+        for iterator in (given, given_samples):
+          if iterator is not None:
+            for _ in done[i]:
+              next(iterator)
+        continue
       key = jax.random.fold_in(rng, i)  # decode and score under the same weight samples
       present = np.flatnonzero(inputs.any(-1))
       if given is None:
@@ -378,8 +393,11 @@ def decode_and_score(model: BaseModel, params: Any, input_batches: Iterable[np.n
         measures["bleu_disagreement"] = _bleu_disagreement(
             lambda s: decode_alone(params, partitioner.global_batch(
                 {"encoder_input_tokens": inputs}), key, s), num_samples, len(inputs), eos_id)
-      records.extend(_records(present, decoded, log_probs, counts, measures,
-                              aux["token_log_probs"], row_samples, sample_log_probs))
+      batch_records = _records(present, decoded, log_probs, counts, measures,
+                               aux["token_log_probs"], row_samples, sample_log_probs)
+      records.extend(batch_records)
+      if on_batch is not None:
+        on_batch(i, batch_records)
   return records
 
 

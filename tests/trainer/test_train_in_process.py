@@ -356,6 +356,7 @@ def test_evaluate_infer_and_show_a_trained_run(trained, tmp_path, capsys):
   auroc = metrics["ood_intervals"]["shuffled_words"]["auroc_total_uncertainty"]
   assert auroc["low"] <= metrics["ood"]["shuffled_words"]["auroc_total_uncertainty"] <= auroc["high"]
   assert (out_dir / "reliability.png").stat().st_size > 0
+  assert not (out_dir / "partial").exists()  # the saved decodes go once results are written
   # Progress bars on stderr; the metrics as TensorBoard scalars and a JSON line too.
   assert "token calibration (model_average)" in err and "decoding shuffled_words" in err
   # One line per phase, numbered, the time left once a pass is timed, and the total.
