@@ -14,7 +14,9 @@ Methods, on the same data and architecture for the same number of steps
 - ``ensemble``: the deterministic run and ``K - 1`` more seeds, a uniform mixture;
 - ``bayesian``: Bayesian layers (Flipout attention, local reparameterization
   feed-forward), model average of ``S`` weight samples and posterior mean;
-- ``ivon``: the deterministic Transformer trained by IVON, model average and mean.
+- ``ivon``: the deterministic Transformer trained by IVON, model average and mean;
+- the Bayesian layers' controls (``--methods``): ``map``, their recipe without weight
+  noise (the same penalty), and ``bayesian_kl1``, ``bayesian_kl0.3``, other KL weights.
 
 The Bayesian layers and IVON are trained with ``seeds`` seeds, the deterministic model
 with the ensemble's; each other seed is evaluated at the end of the budget too, for
@@ -345,8 +347,9 @@ class Experiment:
     stopping = (f"early stopping after {budget.patience} validation passes without a lower "
                 f"NLL (one every {budget.eval_period} steps), cap {budget.train_steps} steps"
                 if budget.patience else f"{budget.train_steps} steps")
-    return (f"{method}, {len(settings)} run{'s' if len(settings) > 1 else ''}, {stopping}; chosen: {chosen} (lowest NLL on the "
-            "whole validation split, each run at its best checkpoint).\n\n" + "\n".join(rows)
+    runs = f"{len(settings)} run{'s' if len(settings) > 1 else ''}"
+    return (f"{method}, {runs}, {stopping}; chosen: {chosen} (lowest NLL on the whole "
+            "validation split, each run at its best checkpoint).\n\n" + "\n".join(rows)
             + f"\n\nCPU time of the grid (training and validation evaluations): "
             f"{spent / 3600:.2f} CPU-hours.\n")
 

@@ -120,7 +120,8 @@ def test_two_methods_end_to_end_at_both_checkpoints_and_resumed(data_dir, tmp_pa
       assert f"OOD {ood_set}: AUROC / FPR@95 (%) by total uncertainty" in table
     assert re.search(r"\| BLEU \| \d+\.\d\d \[\d+\.\d\d, \d+\.\d\d\] \|", table)
   # Paired differences, error detection, OOD by a measure chosen on held-out inputs.
-  assert "| minus deterministic: difference [95% interval] | temperature-scaled (T=" in report
+  assert ("| minus deterministic (a temperature-scaled posterior: minus the temperature-scaled "
+          "deterministic model): difference [95% interval] | temperature-scaled (T=") in report
   assert re.search(r"\| BLEU \| \+0\.00 \[\+0\.00, \+0\.00\] within noise \|", report)
   assert "| negative log probability |" in report
   assert "spanish: the measure chosen on the other half" in report
