@@ -88,7 +88,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
   summary = report.summarize(records)
   summary["preset"] = args.preset
   summary["config"] = {e: dataclasses.asdict(c) for e, c in configs.items()}
+  # This call's time (a resumed call: only what it ran), and every run's own, however
+  # many calls it took.
   summary["total_seconds"] = time.perf_counter() - start
+  summary["runs_wall_seconds"] = sum(r["wall_seconds"] for rs in records.values() for r in rs)
   with open(os.path.join(args.out, "planet.json"), "w") as f:
     json.dump(summary, f, indent=2)
   report.plot(summary, os.path.join(args.out, "planet.png"), args.title)

@@ -29,6 +29,9 @@ def test_tool_writes_the_report_and_resumes(tmp_path, capsys):
   again = planet.main(["--preset=toy", "--seeds=2", f"--out={out}"])
   assert "round" not in capsys.readouterr().out
   assert again["agents"] == summary["agents"]
+  # Every run's own time, however many calls it took; this call's, only what it ran.
+  assert again["runs_wall_seconds"] == pytest.approx(summary["runs_wall_seconds"])
+  assert again["total_seconds"] < summary["total_seconds"]
 
 
 def test_tool_rejects_bad_arguments(capsys):
