@@ -52,7 +52,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
 from meshbayes import checkpoints as checkpoints_lib
-from meshbayes import early_stopping
+from meshbayes import compute_log, early_stopping
 from meshbayes.atomic_files import write_text_atomically
 from meshbayes.console import say as _say  # private: not part of the trainer's interface
 from meshbayes.data.pipeline import TaskData, vocabulary_fingerprint
@@ -313,6 +313,8 @@ def _run(run: _Run) -> TrainState:
     return state
   if jax.process_index() == 0:  # an earlier stop that other settings now continue
     (model_dir / early_stopping.STOP_FILE).unlink(missing_ok=True)
+  # This attempt's cost beside the earlier ones' (process 0's own process).
+  compute = compute_log.ComputeLog(model_dir, start) if jax.process_index() == 0 else None
 
   writer = MetricsWriter(model_dir / "train", model_dir / "metrics.jsonl")
   eval_writer = MetricsWriter(model_dir / "eval", model_dir / "eval" / "metrics.jsonl")
@@ -404,6 +406,8 @@ def _run(run: _Run) -> TrainState:
         if configuration and jax.process_index() == 0:
           write_text_atomically(model_dir / "config.gin", configuration)
       last_saved = step
+      if compute is not None:
+        compute.saved(step)
     window_start += time.perf_counter() - paused
     if stopped:
       ckpts.wait()

@@ -49,7 +49,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from meshbayes import host_memory
+from meshbayes import compute_log, host_memory
 from meshbayes.tools.experiment_plan import (ALL_TEST_PAIRS, METHODS, RECIPES, Budget, best_step,
                                              convergence, evaluations, finished, read_json,
                                              result_dirs, setting_label, stopped_at,
@@ -195,16 +195,20 @@ class Experiment:
   def _gin(self, *bindings: str) -> list[str]:
     return [f"--gin.{b}" for b in (*self.bindings, *bindings)]
 
-  def _run_all(self, commands: dict[str, tuple[str, list[str]]]) -> None:
+  def _run_all(self, commands: dict[str, tuple[str, list[str]]],
+               run_dirs: dict[str, Path] | None = None) -> None:
     """Runs ``{name: (entry point, args)}`` (``runner.jobs`` at a time, each writing to
     ``OUT/logs/<name>.log``) and adds each one's time to ``costs.json`` under its name
-    (a resumed run adds to its earlier time), as each one finishes."""
-    names = list(commands)
+    (a resumed command adds to its earlier time), as each one finishes. A training run
+    of ``run_dirs`` records instead its own account of every attempt, killed ones
+    included (``meshbayes.compute_log``)."""
+    names, run_dirs = list(commands), run_dirs or {}
 
     def record(index: int, cost: dict[str, float]) -> None:
-      costs = read_json(self.costs_path)
-      previous = costs.get(names[index], {})
-      costs[names[index]] = {k: previous.get(k, 0.0) + v for k, v in cost.items()}
+      costs, name = read_json(self.costs_path), names[index]
+      previous = costs.get(name, {})
+      costs[name] = (compute_log.total(run_dirs[name]) if name in run_dirs else {}) or {
+          k: previous.get(k, 0.0) + v for k, v in cost.items()}
       write_json(self.costs_path, costs)
 
     self.run.all([(entry_point, args, self.out / "logs" / f"{name.replace(' ', '_')}.log")
@@ -267,7 +271,8 @@ class Experiment:
     self._run_all({
         name: ("train", self._train_args(gin_file, self.out / "runs" / name, f"SEED={seed}"))
         for name, (gin_file, seed) in self.budget.runs.items()
-        if not self._finished(self.out / "runs" / name)})
+        if not self._finished(self.out / "runs" / name)},
+        {name: self.out / "runs" / name for name in self.budget.runs})
 
   def evaluate(self) -> dict[str, Path]:
     """Evaluates every method at each checkpoint (each result directory once); returns
@@ -304,7 +309,8 @@ class Experiment:
     names = {label: f"tune {method} {label}" for label in labels}
     self._run_all({names[label]: ("train", self._train_args(
         RECIPES[method], run_dirs[label], *(f"{k}={v}" for k, v in setting.items())))
-        for label, setting in zip(labels, settings) if not self._finished(run_dirs[label])})
+        for label, setting in zip(labels, settings) if not self._finished(run_dirs[label])},
+        {names[label]: run_dirs[label] for label in labels})
     self._run_all({f"{names[label]} eval": ("eval", self._eval_args(
         run_dir, run_dir / "eval_validation", "evaluate.split='validation'",
         f"evaluate.checkpoint_step={best_step(run_dir)}",

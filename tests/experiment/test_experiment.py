@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from meshbayes import compute_log
 from meshbayes.data import tatoeba, technical_english
 from meshbayes.tools import experiment, experiment_plan, experiment_report, train_vocab
 from tests.data import corpus
@@ -84,6 +85,9 @@ def test_the_map_control_end_to_end_with_early_stopping(data_dir, tmp_path):
     assert f"| {run} | 4 | **the cap** (4) |" in report
   assert json.loads((out / "report.json").read_text())["stopped_at"] == {
       "deterministic": None, "map": None}
+  # A run's training cost is its own account of every attempt (meshbayes.compute_log).
+  costs = json.loads((out / "costs.json").read_text())
+  assert costs["map"] == compute_log.total(out / "runs" / "map") != {}
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from meshbayes import checkpoints, launch
+from meshbayes import checkpoints, compute_log, launch
 from meshbayes.tools import inspect_checkpoint
 from tests.trainer.runs import TOOLS, command, events, one_line, run, tool, train, train_args
 
@@ -70,6 +70,9 @@ def test_resume_in_a_new_process_is_bit_identical_to_an_uninterrupted_run(traine
   the state of the uninterrupted run's step 8, optimizer state included."""
   resumed = tmp_path / "resumed"
   shutil.copytree(trained / "checkpoints" / "4", resumed / "checkpoints" / "4")
+  # The cost of an attempt killed after its save at step 4, as it recorded it.
+  (resumed / "compute.json").write_text(json.dumps([
+      {"first_step": 0, "last_step": 4, "cpu_seconds": 10.0, "wall_seconds": 12.0}]))
   second = run("meshbayes.train", train_args(resumed, 8))
   assert second.returncode == 0, second.stderr[-2000:]
   assert "resuming from the checkpoint of step 4" in second.stdout
@@ -88,6 +91,13 @@ def test_resume_in_a_new_process_is_bit_identical_to_an_uninterrupted_run(traine
   assert [l["step"] for l in lines] == [2, 4, 6, 8]
   assert REQUIRED_METRICS <= set(lines[-1])
   assert list((trained / "train").glob("events.out.tfevents.*"))
+  # Each attempt's cost up to its last save, the earlier ones kept: the run's total.
+  [whole] = compute_log.read(trained)
+  assert (whole.first_step, whole.last_step) == (0, 8) and 0 < whole.wall_seconds
+  assert whole.cpu_seconds > 1  # imports and compilation included
+  earlier, this = compute_log.read(resumed)
+  assert (earlier.cpu_seconds, this.first_step, this.last_step) == (10.0, 4, 8)
+  assert compute_log.total(resumed)["cpu_seconds"] == pytest.approx(10.0 + this.cpu_seconds)
 
 
 @pytest.mark.slow  # an infinite loss; test_run_safety keeps the non-finite state in make test
