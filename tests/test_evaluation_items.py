@@ -82,6 +82,9 @@ def test_intervals_hold_the_estimate_and_paired_differences_are_paired():
   difference = evaluation_items.paired_differences(better, worse, num_resamples=200)
   assert difference["bleu"].low > 0  # the same sources, better outputs
   assert difference["token_nll"].estimate == difference["token_nll"].low == 0.0  # same stats
+  # The sequence ECE is differenced; its null band (Monte Carlo draws) is not.
+  assert "sequence_ece" in difference and "sequence_ece_null_mean" in intervals
+  assert not any("null" in name or "debiased" in name for name in difference)
   other = SourceItems(["another"] * 60, better.token_statistics, better.references,
                       better.predictions, better.log_probs, better.num_tokens)
   with pytest.raises(ValueError, match="the same sources in the same order"):

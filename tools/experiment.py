@@ -50,6 +50,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from meshbayes import compute_log, host_memory
+from meshbayes.evaluation import methods as predictive_methods
 from meshbayes.tools.experiment_plan import (ALL_TEST_PAIRS, METHODS, RECIPES, Budget, best_step,
                                              convergence, evaluations, finished, read_json,
                                              result_dirs, setting_label, stopped_at,
@@ -291,7 +292,9 @@ class Experiment:
             f"evaluation.PredictiveConfig.beam_measures={budget.beam_measures}",
             f"evaluation.PredictiveConfig.equivalence_samples={budget.equivalence_samples}",
             *spec["extra"]))
-    self._run_all(commands)
+    # The model averages first (S passes per decode): with two jobs, the point estimates
+    # fill in beside them instead of leaving one to run alone at the end.
+    self._run_all(dict(sorted(commands.items(), key=lambda item: not _averages(item[0]))))
     return results
 
   def tune(self, method: str, settings: Sequence[dict[str, str]]) -> Path:
@@ -358,6 +361,13 @@ class Experiment:
             "validation split, each run at its best checkpoint).\n\n" + "\n".join(rows)
             + f"\n\nCPU time of the grid (training and validation evaluations): "
             f"{spent / 3600:.2f} CPU-hours.\n")
+
+
+def _averages(command: str) -> bool:
+  """Whether evaluation ``eval <method or run>@<checkpoint>`` predicts with a model average
+  (a run of another seed as its recipe's method)."""
+  name = command.removeprefix("eval ").split("@")[0].rsplit("_seed", 1)[0]
+  return any(p == "model_average" for p, _ in predictive_methods.get(name).columns)
 
 
 def _headline(run_dir: Path) -> dict[str, float]:

@@ -179,8 +179,11 @@ def token_figures(statistics: Mapping[str, np.ndarray]) -> dict[str, float]:
 
 
 def figures(items: SourceItems, index: np.ndarray | None = None,
-            num_bins: int = metrics.DEFAULT_NUM_BINS) -> dict[str, float]:
-  """Every scalar figure of ``items`` (or of the items ``index`` picks, with repeats).
+            num_bins: int = metrics.DEFAULT_NUM_BINS, null_bands: bool = True
+            ) -> dict[str, float]:
+  """Every scalar figure of ``items`` (or of the items ``index`` picks, with repeats);
+  without ``null_bands``, not the sequence ECEs' null bands and debiased ECEs (Monte Carlo
+  draws: most of the time, and no use in a difference of two methods).
 
   Token level: ``token_ece``, ``token_weighted_ece``, ``token_nll``, ``token_brier``,
   ``token_accuracy``. When decoded: ``bleu`` (corpus, multi-reference),
@@ -197,14 +200,15 @@ def figures(items: SourceItems, index: np.ndarray | None = None,
     return result
   probability = np.clip(np.exp(np.asarray(items.log_probs, np.float64)[index]), 0.0, 1.0)
   calibration = _calibration_figures(probability, items.exact_match[index],
-                                     *(x[index] for x in items.reference_matches), num_bins)
+                                     *(x[index] for x in items.reference_matches), num_bins,
+                                     null_bands)
   for name, confidence in items.equivalence_confidences.items():
     matched, num_references = (x[index] for x in items.equivalent_references[name])
     calibration.update({registry.equivalence_figure(name, figure): value
                         for figure, value in _calibration_figures(
                             confidence[index], sequence_labels.any_reference_labels(
                                 matched, num_references), matched, num_references,
-                            num_bins).items()})
+                            num_bins, null_bands).items()})
   error = 1.0 - items.sentence_bleu[index] / 100.0
   result.update(bleu=bleu_from_statistics(items.bleu_statistics[index].sum(0)),
                 mean_sentence_bleu=float(items.sentence_bleu[index].mean()), **calibration)
@@ -220,7 +224,8 @@ def figures(items: SourceItems, index: np.ndarray | None = None,
 
 
 def _calibration_figures(probability: np.ndarray, labels: np.ndarray, matched: np.ndarray,
-                         num_references: np.ndarray, num_bins: int) -> dict[str, float]:
+                         num_references: np.ndarray, num_bins: int,
+                         null_bands: bool = True) -> dict[str, float]:
   """The sequence calibration figures of confidences ``probability`` against any-reference
   ``labels`` (``metrics.sequence_calibration``: ``exact_match``, ``mean_probability``,
   ``probability_gap`` and its absolute value, ``sequence_ece``, ``calibration_auroc``,
@@ -234,17 +239,20 @@ def _calibration_figures(probability: np.ndarray, labels: np.ndarray, matched: n
   result["reference_fraction_positives"] = float(np.sum(
       sequence_labels.reference_fraction_labels(matched, num_references)))
   result.update(_label_figures(probability, matched, num_references, result["sequence_ece"],
-                               num_bins))
+                               num_bins, null_bands))
   return result
 
 
 def _label_figures(probability: np.ndarray, matched: np.ndarray, num_references: np.ndarray,
-                   sequence_ece: float, num_bins: int) -> dict[str, float]:
-  """The reference-fraction figures (``metrics.sequence_labels``), and for each sequence ECE
-  the null band of a calibrated model on the same outputs (labels drawn from ``p``, each
-  source's references as draws) and the ECE less the band's mean."""
+                   sequence_ece: float, num_bins: int, null_bands: bool = True
+                   ) -> dict[str, float]:
+  """The reference-fraction figures (``metrics.sequence_labels``), and with ``null_bands``
+  for each sequence ECE the null band of a calibrated model on the same outputs (labels
+  drawn from ``p``, each source's references as draws) and the ECE less the band's mean."""
   result = sequence_labels.fraction_calibration_figures(probability, matched, num_references,
                                                         num_bins)
+  if not null_bands:
+    return result
   for name, ece, label in (("sequence_ece", sequence_labels.two_class_ece, "any"),
                            ("fraction_ece", sequence_labels.one_sided_ece, "fraction")):
     band = sequence_labels.null_band(probability, functools.partial(ece, num_bins=num_bins),
@@ -274,11 +282,11 @@ def paired_differences(items: SourceItems, baseline: SourceItems,
                        num_resamples: int = bootstrap.DEFAULT_RESAMPLES,
                        seed: int = bootstrap.DEFAULT_SEED,
                        num_bins: int = metrics.DEFAULT_NUM_BINS) -> dict[str, bootstrap.Interval]:
-  """``figure(items) - figure(baseline)`` for each figure both have, with intervals over
-  the same resampled sources."""
+  """``figure(items) - figure(baseline)`` for each figure both have but the null bands,
+  with intervals over the same resampled sources."""
   _check_same_sources(items, baseline)
-  return bootstrap.paired_bootstrap(lambda index: figures(items, index, num_bins),
-                                    lambda index: figures(baseline, index, num_bins),
+  return bootstrap.paired_bootstrap(lambda index: figures(items, index, num_bins, False),
+                                    lambda index: figures(baseline, index, num_bins, False),
                                     [len(items)], num_resamples, seed)
 
 

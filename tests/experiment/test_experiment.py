@@ -439,3 +439,9 @@ def test_fresh_seeds_early_stopping_and_the_checkpoint_of_other_seeds(tmp_path):
 def test_bad_stopping_and_seed_settings_are_one_line_errors(changes, message):
   with pytest.raises(ValueError, match=message):
     experiment_plan.Budget(**{"train_steps": 10, "eval_period": 5, **changes})
+
+
+def test_model_average_evaluations_are_started_first():
+  assert [experiment._averages(f"eval {key}") for key in (
+      "mc_dropout@final", "bayesian_kl0.3_seed1@best", "ensemble@best", "deterministic@final",
+      "deterministic_seed2@best", "map@best")] == [True, True, True, False, False, False]
