@@ -296,7 +296,7 @@ def evaluations(budget: Budget, out: Path) -> dict[str, dict[str, Any]]:
   # method too): the seed spread of the deterministic model (the ensemble's members) and
   # of each method with ``seed_spread``.
   checkpoint = budget.seed_checkpoint
-  for run, (_, _) in budget.runs.items():
+  for run in budget.runs:
     if "_seed" in run:
       recipe = run.rsplit("_seed", 1)[0]
       found[f"{run}@{checkpoint}"] = {
