@@ -232,15 +232,15 @@ def _as_targets(outputs: Sequence[list[int]], length: int, eos_id: int) -> Batch
           "decoder_loss_weights": (targets > 0).astype(np.int32)}
 
 
-# The decoding options each method reads (``predict_batch_with_aux``); the others leave its
-# program unchanged, so they are dropped from the programs' cache key: a greedy decode of
-# the split (given a beam size) and of the OOD sets share one compiled program.
-_METHOD_OPTIONS = {"beam": {"beam_size", "alpha"}, "greedy": set(),
+# The decoding methods and the options each reads (``predict_batch_with_aux``); the others
+# leave its program unchanged, so they are dropped from the programs' cache key: a greedy
+# decode of the split (given a beam size) and of the OOD sets share one compiled program.
+DECODE_OPTIONS = {"beam": {"beam_size", "alpha"}, "greedy": set(),
                    "sample": {"num_decodes", "temperature", "top_k", "top_p"}}
 
 
 def _decode_items(decode_kwargs: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
-  read = _METHOD_OPTIONS.get(decode_kwargs.get("method", "beam"))
+  read = DECODE_OPTIONS.get(decode_kwargs.get("method", "beam"))
   return tuple(sorted((name, value) for name, value in decode_kwargs.items()
                       if read is None or name == "method" or name in read))
 

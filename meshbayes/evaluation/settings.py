@@ -12,10 +12,11 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from meshbayes.evaluation import methods
+from meshbayes.evaluation.predictives import DECODE_OPTIONS
 from meshbayes.field_checks import booleans, is_int, positive_ints
 from meshbayes.metrics import bootstrap, calibration, equivalence
 
-DECODE_METHODS = ("beam", "greedy", "sample")
+DECODE_METHODS = tuple(DECODE_OPTIONS)
 
 
 @dataclasses.dataclass(frozen=True)
