@@ -329,15 +329,15 @@ class Experiment:
                     names: dict[str, str]) -> str:
     costs, budget = read_json(self.costs_path), self.budget
     knobs = list(settings[0])
-    nll = {label: _headline(run_dirs[label])["nll"] for label in labels}
-    chosen = min(labels, key=nll.get)
+    headlines = {label: _headline(run_dirs[label]) for label in labels}
+    chosen = min(labels, key=lambda label: headlines[label]["nll"])
     rows = ["| " + " | ".join(k.rsplit(".", 1)[-1] for k in knobs) + " | validation NLL | "
             "validation token ECE (%) | best step (posterior-mean NLL) | stopped at | "
             "posterior-mean NLL + KL/D | largest change of a median stddev, last tenth | "
             "CPU minutes |", "|---" * (len(knobs) + 7) + "|"]
     spent = 0.0
     for setting, label in zip(settings, labels):
-      run_dir, headline = run_dirs[label], _headline(run_dirs[label])
+      run_dir, headline = run_dirs[label], headlines[label]
       curve, best, end = dict(validation_curve(run_dir)), best_step(run_dir), convergence(run_dir)
       stop = stopped_at(run_dir)
       moved = (max(end["groups"].items(), key=lambda item: abs(item[1]["change"]))

@@ -93,11 +93,9 @@ def paired_table(cols: Sequence[Column], num_resamples: int = bootstrap.DEFAULT_
   others = [c for c in cols if c is not baseline]
   if baseline is None or not others:
     return "", {}
-  base_items = {id(b): evaluation_items.read_items(b.directory, b.predictive)
-                for b in {id(b): b for b in bases.values()}.values()}
+  items = {c.title: evaluation_items.read_items(c.directory, c.predictive) for c in cols}
   differences = {c.title: evaluation_items.paired_differences(
-      evaluation_items.read_items(c.directory, c.predictive), base_items[id(bases[c.title])],
-      num_resamples) for c in others}
+      items[c.title], items[bases[c.title].title], num_resamples) for c in others}
   lines = _header(f"minus {BASELINE} (a temperature-scaled posterior: minus the "
                   "temperature-scaled deterministic model): difference [95% interval]",
                   [c.title for c in others])
