@@ -35,17 +35,16 @@ data: $(STAMP)
 # others (meshbayes.evaluation.methods lists them).
 DEMO_DIR := runs/demo
 DEMO_METHODS ?= deterministic,mc_dropout,bayesian
-# `make experiment`: every method, each at the end of the budget and at its best validation
-# checkpoint, with intervals, paired differences, the seed spread, the training curves and
-# posterior diagnostics (docs/uncertainty.md): ten training runs (3 seeds of the Bayesian
-# layers and of IVON, 4 deterministic), two at a time, and twelve evaluations: 138
-# minutes on 2 cores (measured from a fresh clone, install and data included, before the
-# last-layer Laplace method added two evaluations and its fits, and before the evaluations
-# read all 2,000 test sources with beam-level measures and 8 equivalence samples each:
-# not measured since).
+# `make experiment`: "is being Bayesian worth it" (docs/results/2026-11-28-bayesian-worth-
+# it-design.md): the tuned deterministic model (3 fresh seeds, their ensemble), the
+# Bayesian layers and MAP (3 seeds each), KL weights 1 and 0.3 (one seed each), every run
+# stopped early (cap 6,000 steps) and evaluated at its best checkpoint on all 2,000 test
+# sources, with the verdicts: eleven training runs, two at a time, and twelve
+# evaluations; not yet measured (estimated 4 to 5 hours on 2 cores).
 # `python -m meshbayes.tools.experiment --preset=cpu --out=runs/experiment` resumes an
-# interrupted one; the tuning grids that chose each method's settings are separate
-# commands (docs/uncertainty.md).
+# interrupted one (this target starts afresh); `--preset=sequence_calibration` is the
+# sequence calibration experiment (every method at 3,000 steps); the tuning grids that
+# chose each method's settings are separate commands (docs/uncertainty.md).
 EXPERIMENT_DIR := runs/experiment
 
 demo: data

@@ -58,14 +58,26 @@ from meshbayes.tools.experiment_plan import (ALL_TEST_PAIRS, METHODS, RECIPES, B
 
 
 PRESETS = {
-    # make experiment: every test pair (all 2,000 test sources; the temperature is fitted
-    # on the whole validation split). About two and a half hours on 2 CPU cores when it
-    # evaluated the first 16 test batches (693 sources); not measured with all sources yet.
-    # Beam-level measures and 8 ancestral samples per source (equivalence-class
-    # confidence), both fixed before the run.
-    "cpu": Budget(train_steps=3000, eval_period=250, eval_batches=ALL_TEST_PAIRS,
-                  beam_measures=True, equivalence_samples=8),
-    # make demo: the same table, smaller (the first 4 test batches, 256 pairs).
+    # make experiment, "is being Bayesian worth it" (docs/results/2026-11-28-bayesian-
+    # worth-it-design.md, fixed before its runs): the tuned deterministic model, its
+    # ensemble, the Bayesian layers and their controls (MAP; KL weights 1 and 0.3, one
+    # seed each: only controls), fresh seeds 100-102, early stopping (4 validation
+    # passes) capped at 6,000 steps, each run evaluated at its best checkpoint on every
+    # test source. No equivalence samples: they more than double a model average's
+    # decoding, and at this scale's 1-4% exact matches no sequence calibration figure
+    # reaches 400 positives at 2,000 sources.
+    "cpu": Budget(train_steps=6000, eval_period=250, patience=4, eval_batches=ALL_TEST_PAIRS,
+                  ensemble_size=3, first_seed=100, checkpoints=("best",), beam_measures=True,
+                  methods=("deterministic", "ensemble", "bayesian", "map", "bayesian_kl1",
+                           "bayesian_kl0.3"),
+                  single_seed=("bayesian_kl1", "bayesian_kl0.3")),
+    # The sequence calibration experiment (docs/results/2026-11-28-sequence-calibration.md):
+    # every method but the controls at 3,000 steps, every test source, beam-level measures
+    # and 8 ancestral samples per source (equivalence-class confidence).
+    "sequence_calibration": Budget(train_steps=3000, eval_period=250,
+                                   eval_batches=ALL_TEST_PAIRS, beam_measures=True,
+                                   equivalence_samples=8),
+    # make demo: a smaller table (1,000 steps, the first 4 test batches: 256 pairs).
     "demo": Budget(train_steps=1000, eval_period=250, eval_batches=4, ood_examples=128,
                    methods=("deterministic", "mc_dropout", "bayesian"), checkpoints=("final",),
                    seeds=1),

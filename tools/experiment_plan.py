@@ -68,9 +68,12 @@ class Budget:
     task_gin: the task file evaluations read (training reads its recipe's).
     decode_method: how the test split is decoded (``beam`` or ``greedy``; OOD
       inputs are decoded greedily).
-    seeds: training seeds of the Bayesian layers and of IVON (runs ``<method>``,
-      ``<method>_seed1``, ...); the deterministic model's seed spread comes from
-      the ensemble's members.
+    seeds: training seeds of each method with a seed spread (the Bayesian layers,
+      IVON, the controls: runs ``<method>``, ``<method>_seed1``, ...); the
+      deterministic model's seed spread comes from the ensemble's members.
+    single_seed: methods trained at one seed although they have a seed spread
+      (controls, when compute is short): their figures have intervals over test
+      sources only, and no seed-level verdict.
     first_seed: the ``SEED`` of run ``<recipe>``; run ``<recipe>_seed<k>`` has
       ``first_seed + k``. Tuning runs use ``SEED = 0``: a ``first_seed`` past the
       tuning's keeps the reported runs' seeds fresh.
@@ -101,6 +104,7 @@ class Budget:
   equivalence_samples: int = 0
   first_seed: int = 0
   patience: int | None = None
+  single_seed: tuple[str, ...] = ()
 
   def __post_init__(self):
     positive_ints("Budget", self, "train_steps", "eval_period", "num_samples", "ood_examples",
@@ -119,6 +123,10 @@ class Budget:
     if unknown or not self.methods:
       raise ValueError(f"Budget: methods={self.methods!r}: each must be one of "
                        f"{', '.join(predictive_methods.names())}")
+    spread = [m for m in self.methods if predictive_methods.get(m).seed_spread]
+    if not set(self.single_seed) <= set(spread):
+      raise ValueError(f"Budget: single_seed={self.single_seed!r}: each must be one of the "
+                       f"methods with a seed spread ({', '.join(spread) or 'none'})")
     if self.decode_method not in ("beam", "greedy"):
       raise ValueError(f"Budget: decode_method={self.decode_method!r} must be beam or greedy")
     if not (is_int(self.equivalence_samples) and 0 <= self.equivalence_samples <= 16):
@@ -143,7 +151,7 @@ class Budget:
       recipe = method.trained_by
       runs.setdefault(recipe, (RECIPES[recipe], self.first_seed))
       more = (self.ensemble_size if method.combines_runs else
-              self.seeds if method.seed_spread else 1)
+              self.seeds if method.seed_spread and name not in self.single_seed else 1)
       runs.update({f"{recipe}_seed{k}": (RECIPES[recipe], self.first_seed + k)
                    for k in range(1, more)})
     return runs

@@ -429,12 +429,23 @@ def test_fresh_seeds_early_stopping_and_the_checkpoint_of_other_seeds(tmp_path):
   assert {spec["step"] for spec in found.values()} == {500}
 
 
+def test_controls_trained_at_one_seed_when_compute_is_short():
+  budget = experiment.PRESETS["cpu"]
+  assert sorted(budget.runs) == [
+      "bayesian", "bayesian_kl0.3", "bayesian_kl1", "bayesian_seed1", "bayesian_seed2",
+      "deterministic", "deterministic_seed1", "deterministic_seed2", "map", "map_seed1",
+      "map_seed2"]
+  assert {seed for _, seed in budget.runs.values()} == {100, 101, 102}
+
+
 @pytest.mark.parametrize("changes, message", [
     ({"checkpoints": ()}, r"checkpoints=\(\) must name each of final, best"),
     ({"checkpoints": ("best", "best")}, "at most once"),
     ({"checkpoints": ("last",)}, "must name each of final, best"),
     ({"patience": 0}, "patience=0 must be a positive int"),
     ({"first_seed": -1}, "first_seed=-1 must be"),
+    ({"single_seed": ("deterministic",)}, r"single_seed=\('deterministic',\): each must be one "
+     r"of the methods with a seed spread \(bayesian, ivon\)"),
 ])
 def test_bad_stopping_and_seed_settings_are_one_line_errors(changes, message):
   with pytest.raises(ValueError, match=message):
