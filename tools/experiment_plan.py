@@ -72,8 +72,8 @@ class Budget:
       IVON, the controls: runs ``<method>``, ``<method>_seed1``, ...); the
       deterministic model's seed spread comes from the ensemble's members.
     single_seed: methods trained at one seed although they have a seed spread
-      (controls, when compute is short): their figures have intervals over test
-      sources only, and no seed-level verdict.
+      (controls, when compute is short; those not in ``methods`` are ignored): their
+      figures have intervals over test sources only, and no seed-level verdict.
     first_seed: the ``SEED`` of run ``<recipe>``; run ``<recipe>_seed<k>`` has
       ``first_seed + k``. Tuning runs use ``SEED = 0``: a ``first_seed`` past the
       tuning's keeps the reported runs' seeds fresh.
@@ -123,10 +123,10 @@ class Budget:
     if unknown or not self.methods:
       raise ValueError(f"Budget: methods={self.methods!r}: each must be one of "
                        f"{', '.join(predictive_methods.names())}")
-    spread = [m for m in self.methods if predictive_methods.get(m).seed_spread]
+    spread = [m for m in predictive_methods.names() if predictive_methods.get(m).seed_spread]
     if not set(self.single_seed) <= set(spread):
       raise ValueError(f"Budget: single_seed={self.single_seed!r}: each must be one of the "
-                       f"methods with a seed spread ({', '.join(spread) or 'none'})")
+                       f"methods with a seed spread ({', '.join(spread)})")
     if self.decode_method not in ("beam", "greedy"):
       raise ValueError(f"Budget: decode_method={self.decode_method!r} must be beam or greedy")
     if not (is_int(self.equivalence_samples) and 0 <= self.equivalence_samples <= 16):

@@ -2,6 +2,7 @@
 method trained and evaluated on a fake Tatoeba corpus, at the end and at the best
 checkpoint, and its report."""
 
+import dataclasses
 import io
 import json
 import re
@@ -436,6 +437,9 @@ def test_controls_trained_at_one_seed_when_compute_is_short():
       "deterministic", "deterministic_seed1", "deterministic_seed2", "map", "map_seed1",
       "map_seed2"]
   assert {seed for _, seed in budget.runs.values()} == {100, 101, 102}
+  # --methods may leave the single-seed controls out
+  assert dataclasses.replace(budget, methods=("deterministic",)).runs == {
+      "deterministic": ("uncertainty/deterministic.gin", 100)}
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -445,7 +449,7 @@ def test_controls_trained_at_one_seed_when_compute_is_short():
     ({"patience": 0}, "patience=0 must be a positive int"),
     ({"first_seed": -1}, "first_seed=-1 must be"),
     ({"single_seed": ("deterministic",)}, r"single_seed=\('deterministic',\): each must be one "
-     r"of the methods with a seed spread \(bayesian, ivon\)"),
+     r"of the methods with a seed spread \(bayesian, ivon, map, bayesian_kl1, bayesian_kl0.3\)"),
 ])
 def test_bad_stopping_and_seed_settings_are_one_line_errors(changes, message):
   with pytest.raises(ValueError, match=message):
