@@ -212,7 +212,7 @@ roofline: $(STAMP)
 
 # The cost of being Bayesian on this machine (tools/bench.py): JSON reports on stdout, about
 # 25 minutes on 2 CPU cores (the pipeline section reads tatoeba_enfr). The train step and the
-# Dense layers run with malloc's buffers reused (MESHBAYES_MALLOC=reuse, meshbayes/host_memory.py:
+# Dense layers run with malloc's buffers reused (MESHBAYES_MALLOC=reuse, meshbayes/runtime/host_memory.py:
 # no page faults blurring the arithmetic; runs/bench_steps.json), the rest with the default
 # (runs/bench.json).
 bench: data

@@ -14,7 +14,9 @@ import gin
 
 import meshbayes.models.configurables  # noqa: F401
 import meshbayes.partitioning.configurables  # noqa: F401
-from meshbayes import data, evaluation, inference, optimizers, run_configs, trainer
+from meshbayes import data, evaluation
+from meshbayes.evaluation import inference
+from meshbayes.training import optimizers, run_configs, trainer
 
 gin.external_configurable(trainer.train, name="train")
 gin.external_configurable(evaluation.evaluate, name="evaluate")

@@ -8,7 +8,7 @@ line says otherwise. See ``meshbayes.evaluation.evaluate`` for what gin
 configures.
 """
 
-from meshbayes import host_memory
+from meshbayes.runtime import host_memory
 from meshbayes.launch import run
 
 

@@ -3,11 +3,11 @@
 --gin.INPUT_FILE="'in.txt'" --gin.OUTPUT_FILE="'out.txt'"``.
 
 The model is configured as the training run's (``MODEL_DIR/config.gin``) unless
-the command line says otherwise. See ``meshbayes.inference.infer`` for what gin
+the command line says otherwise. See ``meshbayes.evaluation.inference.infer`` for what gin
 configures.
 """
 
-from meshbayes import host_memory
+from meshbayes.runtime import host_memory
 from meshbayes.launch import run
 
 

@@ -19,7 +19,7 @@ and status 1 (2 for a malformed command line); the traceback goes to
 files are checked (syntax, unknown macros, missing ``%gin.REQUIRED`` values)
 before anything heavy is imported, so such mistakes are reported at once.
 
-Multi-host runs (``meshbayes.distributed``) add, before any device is used:
+Multi-host runs (``meshbayes.runtime.distributed``) add, before any device is used:
 ``--coordinator_address=HOST:PORT --num_processes=N --process_id=I`` (explicit),
 ``--multihost`` (let JAX detect a TPU pod, SLURM, Open MPI or Kubernetes),
 ``--num_cpu_devices=N`` (CPU devices per process) and
@@ -28,7 +28,7 @@ dead); or the same as gin bindings of ``distributed.DistributedOptions``.
 Errors are reported by every process, prefixed with ``process i/n``.
 
 SIGTERM (preemption) and SIGINT (Ctrl-C) stop a training run cleanly
-(``meshbayes.preemption.STOP_SIGNALS``, installed by ``meshbayes.train`` before
+(``meshbayes.runtime.preemption.STOP_SIGNALS``, installed by ``meshbayes.train`` before
 anything else): the trainer saves the last completed step and exits with 143
 (SIGTERM) or 130 (SIGINT); while no step has completed since the last checkpoint
 (start-up, restore, compilation) the process exits at once, within a second. A
@@ -50,7 +50,7 @@ from typing import Any
 
 import gin
 
-from meshbayes import distributed, gin_preflight
+from meshbayes.runtime import distributed, gin_preflight
 
 USAGE = ("usage: python -m {prog} --gin_file=FILE [--gin_file=FILE ...] "
          "[--gin.NAME=VALUE ...] [--gin_search_paths=DIR,...] [--coordinator_address=HOST:PORT "

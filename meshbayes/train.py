@@ -2,9 +2,9 @@
 
 Running the same command again resumes from the latest checkpoint in MODEL_DIR.
 SIGTERM and SIGINT are handled from the start to the exit
-(``meshbayes.preemption``): a signal after the last step's checkpoint
+(``meshbayes.runtime.preemption``): a signal after the last step's checkpoint
 has landed ends a complete run with status 0. See ``meshbayes.launch`` for the
-flags and ``meshbayes.trainer.train`` for what gin configures.
+flags and ``meshbayes.training.trainer.train`` for what gin configures.
 """
 
 import atexit
@@ -12,9 +12,9 @@ import os
 import signal
 import sys
 
-from meshbayes import host_memory
+from meshbayes.runtime import host_memory
 from meshbayes.launch import run
-from meshbayes.preemption import STOP_SIGNALS
+from meshbayes.runtime.preemption import STOP_SIGNALS
 
 
 def main() -> None:

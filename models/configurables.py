@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import gin
 
 from meshbayes.gin_configs import DIRECTORY as GIN_CONFIGS
-from meshbayes.gin_preflight import quiet_search_misses
+from meshbayes.runtime.gin_preflight import quiet_search_misses
 from meshbayes.models.encoder_decoder import EncoderDecoderModel
 from meshbayes.models.transformer import Estimators, TransformerConfig
 

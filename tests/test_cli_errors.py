@@ -11,9 +11,10 @@ from pathlib import Path
 import jax
 import pytest
 
-from meshbayes import distributed, gin_preflight, launch, partitioning
+from meshbayes import launch, partitioning
+from meshbayes.runtime import distributed, gin_preflight
 from meshbayes.tools import inspect_partitioning
-from tests.trainer.runs import EXAMPLES, ROOT, train_args
+from tests.training.runs import EXAMPLES, ROOT, train_args
 
 pytestmark = pytest.mark.integration
 
@@ -281,7 +282,8 @@ def test_the_moved_names_are_gone_from_train_and_evaluate_and_name_real_fields()
   import dataclasses
   import inspect
 
-  from meshbayes import evaluation, run_configs, trainer
+  from meshbayes import evaluation
+  from meshbayes.training import run_configs, trainer
 
   assert len(inspect.signature(trainer.train).parameters) <= 12
   for old, (configurable, param) in gin_preflight.MOVED_TRAIN_PARAMETERS.items():

@@ -5,8 +5,9 @@ import json
 
 import pytest
 
-from meshbayes import gin_preflight, launch
-from tests.trainer.runs import train_args
+from meshbayes import launch
+from meshbayes.runtime import gin_preflight
+from tests.training.runs import train_args
 
 pytestmark = pytest.mark.integration
 
@@ -88,7 +89,7 @@ def test_without_config_gin_the_model_comes_from_the_command_line_alone(determin
 
 def test_infer_reads_it_too(deterministic_run, tmp_path, capsys):
   """gin builds infer's model from it before infer runs and stops at the absent input file
-  (decoding itself is tested with a preset in tests/test_inference.py)."""
+  (decoding itself is tested with a preset in tests/evaluation/test_inference.py)."""
   code, out, err = command(capsys, "infer", "infer", [
       "--gin_file=runs/infer.gin", "--gin_file=tasks/synthetic.gin", "--gin.BATCH_SIZE=8",
       f"--gin.MODEL_DIR='{deterministic_run}'", f"--gin.INPUT_FILE='{tmp_path / 'in.txt'}'",

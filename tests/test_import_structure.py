@@ -12,9 +12,12 @@ it loads (relative imports included).
   ``if TYPE_CHECKING``) among the project's modules form no cycle; nor do they with the
   imports deferred into functions (a deferred import that closes a cycle hides a
   dependency pointing the wrong way).
+- The layers point down: no module of the foundations (``layers/``, ``metrics/``,
+  ``data/``, ``runtime/``) imports ``training/`` or a program, and the root holds the
+  programs and a few shared modules only.
 - No module imports another's private names (``from m import _name``).
 - No test module imports another test module: shared helpers live in helper modules
-  (``tests/conftest.py``, ``tests/trainer/runs.py``, ...).
+  (``tests/conftest.py``, ``tests/training/runs.py``, ...).
 """
 
 from __future__ import annotations
@@ -36,6 +39,15 @@ COMMAND_LINE = ("meshbayes.launch", "meshbayes.tools")
 ENTRY_POINTS = ("meshbayes.launch", "meshbayes.train", "meshbayes.eval", "meshbayes.infer",
                 "meshbayes.demo")
 ENTRY_POINT_PACKAGES = ("meshbayes.tools", "meshbayes.examples")
+# Packages every other part stands on, and what they must not import: training, and the
+# programs (the entry points and meshbayes.configurables, which registers everything).
+FOUNDATIONS = ("meshbayes.layers", "meshbayes.metrics", "meshbayes.data", "meshbayes.runtime")
+ABOVE_FOUNDATIONS = ("meshbayes.training", "meshbayes.configurables", *ENTRY_POINTS,
+                     *ENTRY_POINT_PACKAGES)
+# The modules at the package's root: the programs and the few modules everything shares.
+ROOT_MODULES = {"meshbayes", "meshbayes.configurables", "meshbayes.demo", "meshbayes.eval",
+                "meshbayes.field_checks", "meshbayes.infer", "meshbayes.launch",
+                "meshbayes.predictive", "meshbayes.train"}
 
 
 # When an import statement runs.
@@ -234,6 +246,23 @@ def test_imports_form_no_cycle(counted):
   described = [" -> ".join(f"{a} ({where[a, b]})" for a, b in zip(cycle, cycle[1:]))
                + f" -> {cycle[-1]}" for cycle in cycles]
   assert not cycles, f"import cycles ({' or '.join(counted)}): " + "; ".join(described)
+
+
+def _within(name: str, packages) -> bool:
+  return any(name == p or name.startswith(p + ".") for p in packages)
+
+
+def test_the_foundations_import_neither_training_nor_the_programs():
+  offending = [f"{i.importer} imports {i.imported} (line {i.line}, {i.when})"
+               for i in project_imports() if _within(i.importer, FOUNDATIONS)
+               and _within(i.imported, ABOVE_FOUNDATIONS)]
+  assert not offending, ("a foundation package imports training or a program (move the "
+                         "shared part down): " + "; ".join(offending))
+
+
+def test_the_root_holds_the_programs_and_a_few_shared_modules():
+  root = {name for name, path in module_files().items() if path.parent == ROOT / PACKAGE}
+  assert root == ROOT_MODULES
 
 
 def test_no_module_imports_anothers_private_names():

@@ -34,7 +34,7 @@ Sections (``--sections``, default all):
 - ``resume``: seconds to the first step of a resumed run, the input position
   restored from the checkpoint against skipping the consumed batches.
 
-On CPUs the step time depends on ``MESHBAYES_MALLOC`` (``meshbayes/host_memory.py``);
+On CPUs the step time depends on ``MESHBAYES_MALLOC`` (``meshbayes/runtime/host_memory.py``);
 the report's ``malloc`` says which tunables a run had.
 
   python -m meshbayes.tools.bench                      # all sections
@@ -65,7 +65,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from meshbayes import host_memory, ivon, layers, train_step
+from meshbayes import layers
+from meshbayes.runtime import host_memory
+from meshbayes.training import ivon, train_step
 from meshbayes.layers import estimators
 from meshbayes.metrics import bootstrap
 
@@ -106,7 +108,7 @@ def paired_time_ratio(times: dict[str, list[float]], name: str, baseline: str
 def compiled_train_step(spec: Any, partitioner: Any, batch: dict[str, Any]) -> tuple[Any, Any]:
   """A fresh train state of ``spec`` and the trainer's jitted step compiled for ``batch``."""
   from meshbayes.scaling.aot import build_steps
-  from meshbayes.train_step import abstract_state, init_train_state, jit_train_step
+  from meshbayes.training.train_step import abstract_state, init_train_state, jit_train_step
 
   model, steps = build_steps(spec)
   shapes = spec.input_shapes()
@@ -122,7 +124,7 @@ def compiled_train_step(spec: Any, partitioner: Any, batch: dict[str, Any]) -> t
 def traced_step_flops(spec: Any, partitioner: Any, batch: dict[str, Any]) -> float:
   """Matmul FLOPs of one train step over all devices, counted in its jaxpr (any platform)."""
   from meshbayes.scaling.aot import build_steps, jaxpr_matmul_flops
-  from meshbayes.train_step import abstract_state
+  from meshbayes.training.train_step import abstract_state
 
   model, steps = build_steps(spec)
   placed = partitioner.placed(abstract_state(model, steps, spec.input_shapes()))
@@ -407,7 +409,7 @@ def _demo_input(task: str):
   """A task's demo settings, its ``TaskData``, a data-parallel partitioner, this host's
   ``HostInput`` as the trainer builds it, and the demo's train-step spec."""
   from meshbayes.data import TaskData
-  from meshbayes.host_input import HostInput
+  from meshbayes.training.host_input import HostInput
   from meshbayes.partitioning import Partitioner
   from meshbayes.scaling.aot import StepSpec
 
@@ -536,10 +538,10 @@ def trainer_against_bare_step(model_name: str, num_steps: int, batch_size: int, 
                               rounds: int) -> dict[str, Any]:
   """Seconds per step of the trainer's loop and of its compiled step alone, same program."""
   import tempfile
-  from meshbayes import trainer
-  from meshbayes.run_configs import CheckpointConfig
+  from meshbayes.training import trainer
+  from meshbayes.training.run_configs import CheckpointConfig
   from meshbayes.data import TaskData
-  from meshbayes.host_input import HostInput
+  from meshbayes.training.host_input import HostInput
   from meshbayes.partitioning import Partitioner
   from meshbayes.scaling.aot import StepSpec, build_steps
 
@@ -608,7 +610,7 @@ def resume_at_step(task: str, step: int) -> dict[str, Any]:
   """Seconds to the first train step of a resume at ``step`` of ``task``'s demo, by method."""
   import tempfile
 
-  from meshbayes import checkpoints
+  from meshbayes.training import checkpoints
 
   data, partitioner, host_input, spec = _demo_input(task)
   layout = host_input.layout
@@ -740,7 +742,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
              "decode": bench_decode, "trainer": bench_trainer, "resume": bench_resume}
   report: dict[str, Any] = {"devices": [str(d) for d in jax.devices()],
                             "jax_version": jax.__version__, "rounds": args.rounds,
-                            # The malloc settings it ran with (meshbayes.host_memory).
+                            # The malloc settings it ran with (meshbayes.runtime.host_memory).
                             "malloc": host_memory.malloc_settings()}
   for section in args.sections.split(","):
     start = time.perf_counter()

@@ -49,7 +49,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from meshbayes import compute_log, host_memory
+from meshbayes.training import compute_log
+from meshbayes.runtime import host_memory
 from meshbayes.evaluation import methods as predictive_methods
 from meshbayes.tools.experiment_plan import (ALL_TEST_PAIRS, METHODS, RECIPES, Budget, best_step,
                                              convergence, evaluations, finished, read_json,
@@ -214,7 +215,7 @@ class Experiment:
     ``OUT/logs/<name>.log``) and adds each one's time to ``costs.json`` under its name
     (a resumed command adds to its earlier time), as each one finishes. A training run
     of ``run_dirs`` records instead its own account of every attempt, killed ones
-    included (``meshbayes.compute_log``)."""
+    included (``meshbayes.training.compute_log``)."""
     names, run_dirs = list(commands), run_dirs or {}
 
     def record(index: int, cost: dict[str, float]) -> None:

@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from meshbayes import early_stopping
+from meshbayes.training import early_stopping
 from meshbayes.evaluation import methods as predictive_methods
 from meshbayes.field_checks import is_int, positive_ints
-from meshbayes.posterior_diagnostics import MEDIAN_PREFIX, relative_change
+from meshbayes.training.posterior_diagnostics import MEDIAN_PREFIX, relative_change
 
 # The predictive methods (meshbayes.evaluation.methods: the runs each evaluates).
 METHODS = predictive_methods.names()
@@ -228,7 +228,7 @@ def _evaluations(run_dir: Path) -> list[dict[str, Any]]:
 
 def validation_curve(run_dir: Path) -> list[tuple[int, float]]:
   """``(step, validation NLL)`` of the trainer's periodic evaluations, by step: what its
-  early stopping reads (``meshbayes.early_stopping.validation_history``)."""
+  early stopping reads (``meshbayes.training.early_stopping.validation_history``)."""
   return early_stopping.validation_history(run_dir)
 
 
@@ -236,7 +236,7 @@ def convergence(run_dir: Path) -> dict[str, Any]:
   """The last periodic evaluation of a run with a posterior: its step, validation NLL and
   plug-in negative ELBO (the posterior mean's NLL plus KL / training tokens), and per layer
   group the median posterior stddev and its relative change over the last tenth of the
-  run (``meshbayes.posterior_diagnostics``). Empty without evaluations or stddevs."""
+  run (``meshbayes.training.posterior_diagnostics``). Empty without evaluations or stddevs."""
   rows = _evaluations(run_dir)
   groups = sorted({k for r in rows for k in r if k.startswith(MEDIAN_PREFIX)})
   if len(rows) < 2 or not groups:

@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
-from meshbayes import checkpoints, metrics
+from meshbayes import metrics
+from meshbayes.training import checkpoints
 from meshbayes.evaluation import methods as predictive_methods
 from meshbayes.metrics import measures as registry
 from meshbayes.tools import (compare_runs, experiment_tables, experiment_verdicts,

@@ -32,9 +32,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import numpy as np
 
-from meshbayes import checkpoint_integrity, checkpoints
+from meshbayes.training import checkpoint_integrity, checkpoints
 from meshbayes.layers.variational import posterior_part
-from meshbayes.optimizers import IVON_META
+from meshbayes.training.optimizers import IVON_META
 
 
 def _bytes(n: float) -> str:

@@ -88,7 +88,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.compilation_cache import compilation_cache
 
-from meshbayes import host_memory
+from meshbayes.runtime import host_memory
 from meshbayes.scaling import hlo
 
 KINDS = ("matmul", "layout", "noise", "kl", "optimizer", "checks", "estimator", "dropout",

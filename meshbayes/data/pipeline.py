@@ -24,7 +24,7 @@ import numpy as np
 from etils import epath
 
 from meshbayes import field_checks
-from meshbayes.console import say
+from meshbayes.runtime.console import say
 from meshbayes.data import paths
 
 if TYPE_CHECKING:  # imported when used: TensorFlow and seqio take seconds (see backend)

@@ -28,7 +28,7 @@ from etils import epath
 from jax.sharding import NamedSharding
 
 from meshbayes import metrics
-from meshbayes.checkpoint_restore import as_trained, restore_params
+from meshbayes.training.checkpoint_restore import as_trained, restore_params
 from meshbayes.data.pipeline import TaskData, get_task
 from meshbayes.evaluation import items, methods, ood, phases, predictives, resumable, writer
 from meshbayes.evaluation.settings import DecodeConfig, OodConfig, PredictiveConfig, ReportConfig
@@ -38,7 +38,7 @@ from meshbayes.layers import as_posterior, holds_posterior
 from meshbayes.metrics import measures, token_labels
 from meshbayes.models.base import BaseModel
 from meshbayes.partitioning import Partitioner
-from meshbayes.text_lines import in_batches
+from meshbayes.data.text_lines import in_batches
 
 Predictive = predictives.Predictive
 

@@ -23,7 +23,7 @@ import difflib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from meshbayes import laplace
+from meshbayes.evaluation import laplace
 from meshbayes.layers import Ensemble, MCDropout, holds_posterior
 from meshbayes.models.base import BaseModel
 

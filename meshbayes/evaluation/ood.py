@@ -17,7 +17,7 @@ from meshbayes.evaluation.settings import OodConfig
 from meshbayes.evaluation.sources import Sources
 from meshbayes.models.base import BaseModel
 from meshbayes.partitioning import Partitioner
-from meshbayes.text_lines import encode_lines, in_batches, read_lines
+from meshbayes.data.text_lines import encode_lines, in_batches, read_lines
 
 
 def shuffled_words(texts: Sequence[str], seed: int) -> list[str]:

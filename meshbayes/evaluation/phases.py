@@ -16,8 +16,8 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TypeVar
 
-from meshbayes import console
-from meshbayes.metrics_writer import progress
+from meshbayes.runtime import console
+from meshbayes.runtime.metrics_writer import progress
 
 T = TypeVar("T")
 

@@ -13,7 +13,7 @@ import numpy as np
 from etils import epath
 
 from meshbayes import metrics
-from meshbayes.metrics_writer import MetricsWriter
+from meshbayes.runtime.metrics_writer import MetricsWriter
 
 
 def scalars(tree: Mapping[str, Any], prefix: str = "") -> dict[str, float]:

@@ -2,7 +2,7 @@
 
 Bayesian layers keep their posterior in the parameters (``w_loc``,
 ``w_scale``); a deterministic model trained by variational learning
-(``meshbayes.ivon``) keeps it beside them: its parameters are the mean and the
+(``meshbayes.training.ivon``) keeps it beside them: its parameters are the mean and the
 optimizer's state gives the stddev. ``WeightPosterior`` is that posterior in
 the form evaluation takes in place of ``params``; ``Ensemble`` and ``MCDropout``
 take that place too. Each implements ``posteriors.Posterior``, the protocol

@@ -27,10 +27,10 @@ from jax.sharding import NamedSharding
 from meshbayes import partitioning
 from meshbayes.field_checks import positive_ints
 from meshbayes.layers import count_parameters
-from meshbayes.optimizers import OPTIMIZERS, KLWeight, Optimizer
+from meshbayes.training.optimizers import OPTIMIZERS, KLWeight, Optimizer
 from meshbayes.scaling import hlo, hlo_profile, kernels, roofline
 from meshbayes.scaling.targets import GIB, Target
-from meshbayes.train_step import StepFunctions, abstract_state, jit_train_step
+from meshbayes.training.train_step import StepFunctions, abstract_state, jit_train_step
 from meshbayes.models.configurables import PRESETS, preset_config
 from meshbayes.models.encoder_decoder import EncoderDecoderModel
 from meshbayes.models.transformer import Estimators, TransformerConfig
@@ -57,7 +57,7 @@ class StepSpec:
     batch_size: global batch (sequences per step).
     input_length: encoder tokens per sequence.
     target_length: decoder tokens per sequence.
-    optimizer: ``adamw``, ``adafactor``, ``sgd`` or ``ivon`` (``meshbayes.optimizers``;
+    optimizer: ``adamw``, ``adafactor``, ``sgd`` or ``ivon`` (``meshbayes.training.optimizers``;
       ``ivon`` with ``deterministic``).
     num_microbatches: gradient accumulation steps within the step.
     partitioning: rule preset (``data_only``, ``megatron``, ``fsdp_tp``).

@@ -27,7 +27,7 @@ import jax
 from meshbayes.scaling.aot import StepSpec, build_steps
 from meshbayes.scaling.report import bytes_needed
 from meshbayes.scaling.targets import Target
-from meshbayes.train_step import abstract_state
+from meshbayes.training.train_step import abstract_state
 
 Record = dict[str, Any]
 

@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from meshbayes import checkpoints
+from meshbayes.training import checkpoints
 from meshbayes.partitioning.specs import path_names
-from tests.trainer.runs import ROOT, train_args
+from tests.training.runs import ROOT, train_args
 from meshbayes.tools import launch_local
 
 pytestmark = pytest.mark.integration

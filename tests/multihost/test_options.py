@@ -9,10 +9,11 @@ import sys
 import numpy as np
 import pytest
 
-from meshbayes import distributed, launch
-from meshbayes.host_input import HostInput
+from meshbayes import launch
+from meshbayes.runtime import distributed
+from meshbayes.training.host_input import HostInput
 from meshbayes.partitioning.data import DataLayout
-from tests.trainer.runs import train_args
+from tests.training.runs import train_args
 from meshbayes.tools import launch_local
 
 

@@ -1,0 +1,85 @@
+"""A trained run restored for prediction: its parameters (or posterior), placed on a mesh;
+the vocabulary it was trained with; the model as it was trained.
+
+Training, evaluation and inference all restore runs through here
+(``meshbayes.training.checkpoints`` reads and writes the checkpoints themselves).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from meshbayes.training import checkpoints as checkpoints_lib
+from meshbayes.training import ivon as ivon_lib
+from meshbayes.data.pipeline import TaskData, vocabulary_fingerprint
+from meshbayes.layers import WeightPosterior
+from meshbayes.models.base import BaseModel
+from meshbayes.training.optimizers import IVON_META
+from meshbayes.partitioning import Partitioner
+
+
+def restore_params(model_dir: str | Path, model: BaseModel, data: TaskData,
+                   partitioner: Partitioner, step: int | None = None) -> tuple[Any, int]:
+  """The parameters of a checkpoint, sharded for ``partitioner``, and its step; a
+  vocabulary other than the run's is refused (``check_vocabulary``).
+
+  An IVON run's are its posterior: a ``WeightPosterior`` of the parameters
+  (the mean) and the stddevs from the saved Hessian estimate, which
+  evaluation and decoding take in place of the parameters.
+  """
+  shapes = data.input_shapes()
+  params = jax.eval_shape(lambda k: model.get_initial_variables(k, shapes)["params"],
+                          jax.random.key(0))
+  step_dir = checkpoints_lib.find_step_dir(model_dir, step)
+  meta = checkpoints_lib.read_meta(step_dir)
+  check_vocabulary(meta, data, model_dir)
+  ivon = meta.get(IVON_META)
+  target = {"params": params}
+  if ivon:
+    target["opt_state"] = {"hessian": jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32), params)}
+  restored = checkpoints_lib.restore_subtree(step_dir, partitioner.placed(target))
+  if ivon:
+    stddev = jax.jit(ivon_lib.posterior_stddev, static_argnums=(1, 2))(
+        restored["opt_state"]["hessian"], float(ivon["ess"]), float(ivon["weight_decay"]))
+    return WeightPosterior(restored["params"], stddev), int(step_dir.name)
+  return restored["params"], int(step_dir.name)
+
+
+def check_vocabulary(meta: dict[str, Any], data: TaskData, model_dir: str | Path) -> None:
+  """Raises a one-line ValueError when ``data``'s vocabulary is not the one the run
+  was trained with (its checkpoint's ``meta``; runs older than the record pass)."""
+  trained = meta.get("vocabulary")
+  given = vocabulary_fingerprint(data.vocabulary)
+  if trained is not None and trained != given:
+    task = f" of task {meta['task']!r}" if meta.get("task") else ""
+    raise ValueError(f"the run {model_dir} was trained with the vocabulary{task} ({trained}), "
+                     f"not with task {data.task!r}'s ({given}): use the run's task, or one "
+                     "with its vocabulary")
+
+
+def as_trained(model: BaseModel, data: TaskData, model_dir: str | Path,
+               step: int | None = None) -> BaseModel:
+  """``model`` with the KL divisor ``D`` (``num_train_units``) the run was trained
+  with, whatever task is evaluated; says so on stderr when the task is not the
+  run's (out-of-distribution evaluation: allowed, the vocabulary being the same)."""
+  meta = checkpoints_lib.read_meta(checkpoints_lib.find_step_dir(model_dir, step))
+  say = (lambda line: print(line, file=sys.stderr, flush=True)) if (
+      jax.process_index() == 0) else (lambda line: None)
+  if meta.get("task") and meta["task"] != data.task:
+    say(f"note: the run {model_dir} was trained on task {meta['task']!r}; evaluating it on "
+        f"{data.task!r} (the same vocabulary) is out-of-distribution")
+  if not hasattr(model, "num_train_units"):
+    return model
+  if "num_train_units" not in meta:
+    if model.is_bayesian:
+      say(f"warning: the run {model_dir} does not record its training set's size; the KL "
+          f"divisor D = {model.num_train_units:,.0f} is task {data.task!r}'s")
+    return model
+  return dataclasses.replace(model, num_train_units=float(meta["num_train_units"]))
