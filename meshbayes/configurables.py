@@ -1,13 +1,9 @@
 """Registers everything a run's gin files configure.
 
-Names in gin files: ``train``, ``evaluate``, ``infer`` (the entry points),
-``data.TaskData``, ``data.train_set_size``, ``optimizers.Optimizer``,
-``optimizers.IVON``, ``optimizers.LearningRate``, ``optimizers.KLWeight``,
-``run_configs.CheckpointConfig``, ``run_configs.EvaluationConfig``,
-``run_configs.InputConfig`` (``train``'s grouped settings), ``evaluation.DecodeConfig``,
-``evaluation.PredictiveConfig``, ``evaluation.OodConfig``, ``evaluation.ReportConfig``
-(``evaluate``'s), and those of
-``meshbayes.models.configurables`` and ``meshbayes.partitioning.configurables``.
+The entry points ``train``, ``evaluate`` and ``infer``, the settings of ``data``,
+``optimizers``, ``run_configs`` and ``evaluation``, and those of
+``meshbayes.models.configurables`` and ``meshbayes.partitioning.configurables``
+(every one, with its parameters: docs/configuration.md).
 """
 
 import gin

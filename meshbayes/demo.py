@@ -1,12 +1,9 @@
 """A small Bayesian network trained on CPU in seconds: the layer library end to end.
 
-A 3-layer MLP (Flipout, local reparameterization, Flipout) learns a noisy
-4-class problem labelled by a random teacher network. The loss is the
-per-example negative ELBO: batch-mean NLL plus KL / (training-set size). It
-prints the loss, NLL and KL as training goes, then compares the posterior-mean
-prediction with the Monte Carlo predictive average and shows that the
-epistemic uncertainty (mutual information) grows off the training distribution.
-
+A 3-layer MLP (Flipout, local reparameterization, Flipout) learns a noisy 4-class
+problem labelled by a random teacher network, by the per-example negative ELBO;
+then the posterior mean is compared with the Monte Carlo predictive, and the mutual
+information shown to grow off the training distribution.
 Run: ``python -m meshbayes.demo [--steps N] [--seed S]``.
 """
 

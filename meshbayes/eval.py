@@ -1,11 +1,9 @@
 """Evaluate a checkpoint: ``python -m meshbayes.eval --gin_file=runs/eval.gin
 --gin_file=tasks/synthetic.gin --gin.MODEL_DIR="'/path'" --gin.BATCH_SIZE=64``.
 
-Teacher-forced metrics and decoding on a split; writes
-``MODEL_DIR/eval/<task>/metrics.json`` and ``predictions.jsonl``. The model is
-configured as the training run's (``MODEL_DIR/config.gin``) unless the command
-line says otherwise. See ``meshbayes.evaluation.evaluate`` for what gin
-configures.
+Teacher-forced metrics and decoding on a split, written to ``MODEL_DIR/eval/<task>/``;
+the model is the training run's unless the command line says otherwise. What gin
+configures: ``meshbayes.evaluation.evaluate``.
 """
 
 from meshbayes.runtime import host_memory

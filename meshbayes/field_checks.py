@@ -2,7 +2,6 @@
 
 A settings dataclass checks its fields in ``__post_init__``; a bad value raises a
 one-line ValueError naming the owner, the field, the value and what would be valid:
-``"TaskData: batch_size=0 must be a positive int"``.
 
 >>> import dataclasses
 >>> @dataclasses.dataclass(frozen=True)

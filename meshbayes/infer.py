@@ -2,9 +2,8 @@
 --gin_file=tasks/synthetic.gin --gin.MODEL_DIR="'/path'" --gin.BATCH_SIZE=8
 --gin.INPUT_FILE="'in.txt'" --gin.OUTPUT_FILE="'out.txt'"``.
 
-The model is configured as the training run's (``MODEL_DIR/config.gin``) unless
-the command line says otherwise. See ``meshbayes.evaluation.inference.infer`` for what gin
-configures.
+The model is the training run's unless the command line says otherwise. What gin
+configures: ``meshbayes.evaluation.inference.infer``.
 """
 
 from meshbayes.runtime import host_memory

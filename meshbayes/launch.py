@@ -1,38 +1,21 @@
 """Command lines configured with gin, as T5X's: ``--gin_file``, ``--gin.NAME=VALUE``.
 
-``--gin_file=F`` (repeatable) parses a gin file, found on the search path
-(``--gin_search_paths=DIR,...``, then the installed presets ``gin_configs/``,
-then the working directory; ``gin_configs/examples/x.gin`` is found from any
-directory); ``--gin.NAME=VALUE`` binds ``NAME = VALUE``
-after them (later files and bindings override earlier ones). Gin values are
-Python literals: a string needs quotes, ``--gin.MODEL_DIR="'runs/x'"``.
+``--gin_file=F`` (repeatable) is found as given, on ``--gin_search_paths=DIR,...``,
+then among the installed presets ``gin_configs/`` (from any directory);
+``--gin.NAME=VALUE`` bindings apply after the files, later ones winning. Values
+are Python literals: a string needs quotes, ``--gin.MODEL_DIR="'runs/x'"``.
+``meshbayes.eval`` and ``meshbayes.infer`` first apply the model's bindings of
+``MODEL_DIR/config.gin`` (the training run's), which the command line overrides.
 
-``meshbayes.eval`` and ``meshbayes.infer`` configure the model as the training
-run did: the model's bindings in ``MODEL_DIR/config.gin`` (written by
-``meshbayes.train``) apply first, and the files and bindings of the command
-line override them.
+Multi-host runs (docs/multihost.md): ``--coordinator_address=HOST:PORT
+--num_processes=N --process_id=I``, or ``--multihost`` (JAX detects a TPU pod,
+SLURM, Open MPI or Kubernetes); ``--num_cpu_devices=N`` (CPU devices per
+process), ``--heartbeat_timeout_seconds=S`` (a process silent this long is dead).
 
-Errors end the run with one line, ``PROG: error: MESSAGE (traceback in LOG)``,
-and status 1 (2 for a malformed command line); the traceback goes to
-``MODEL_DIR/logs/`` when MODEL_DIR exists, else to the temporary directory
-(``MESHBAYES_TRACEBACK=1`` shows it instead). The command line and the gin
-files are checked (syntax, unknown macros, missing ``%gin.REQUIRED`` values)
-before anything heavy is imported, so such mistakes are reported at once.
-
-Multi-host runs (``meshbayes.runtime.distributed``) add, before any device is used:
-``--coordinator_address=HOST:PORT --num_processes=N --process_id=I`` (explicit),
-``--multihost`` (let JAX detect a TPU pod, SLURM, Open MPI or Kubernetes),
-``--num_cpu_devices=N`` (CPU devices per process) and
-``--heartbeat_timeout_seconds=S`` (a process silent this long is declared
-dead); or the same as gin bindings of ``distributed.DistributedOptions``.
-Errors are reported by every process, prefixed with ``process i/n``.
-
-SIGTERM (preemption) and SIGINT (Ctrl-C) stop a training run cleanly
-(``meshbayes.runtime.preemption.STOP_SIGNALS``, installed by ``meshbayes.train`` before
-anything else): the trainer saves the last completed step and exits with 143
-(SIGTERM) or 130 (SIGINT); while no step has completed since the last checkpoint
-(start-up, restore, compilation) the process exits at once, within a second. A
-second signal during the save exits at once too (checkpoints are written atomically).
+An error is one line, ``PROG: error: MESSAGE (traceback in LOG)``, and status 1
+(2 for a malformed command line); ``MESHBAYES_TRACEBACK=1`` shows the traceback.
+SIGTERM and SIGINT make a training run save its last completed step and exit
+143 or 130 (at once while there is nothing new to save).
 """
 
 from __future__ import annotations

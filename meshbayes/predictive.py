@@ -1,35 +1,9 @@
 """Monte Carlo predictive averaging and the uncertainty it measures.
 
-With ``S`` posterior samples of a classifier's log-probabilities
-``log p_s(y | x)`` (stacked on a leading axis; weight samples, ensemble
-members or dropout masks alike), the Bayesian model average is
-``p(y | x) = (1/S) sum_s p_s(y | x)``. The measures of Malinin and Gales
-(ICLR 2021, "Uncertainty estimation in autoregressive structured
-prediction", Sections 3-4), all in nats, with ``pbar`` the average:
-
-Per token (the next-token distribution given the prefix; ``token_measures``):
-
-- ``total_uncertainty``: ``H[pbar]``.
-- ``data_uncertainty``: expected data uncertainty, ``mean_s H[p_s]``.
-- ``mutual_information``: ``H[pbar] - mean_s H[p_s]`` (knowledge uncertainty).
-- ``expected_pairwise_kl``: ``mean_{s,s'} KL(p_s || p_s')``.
-- ``reverse_mutual_information``: ``mean_s KL(pbar || p_s)``; and
-  ``expected_pairwise_kl = mutual_information + reverse_mutual_information``.
-
-Per sequence ``y`` of ``L`` tokens, two aggregations. Token level: the mean
-of the token measures over ``y``'s tokens (``y`` fed as the prefix). Sequence
-level (``sequence_measures``), from each sample's ``log P_s(y | x)``:
-``sequence_total_uncertainty = -(1/L) log mean_s P_s(y)``,
-``sequence_data_uncertainty = -(1/L) mean_s log P_s(y)`` and their
-difference ``sequence_reverse_mutual_information`` (>= 0): the Monte Carlo
-estimate of the sequence-level reverse mutual information with ``y`` drawn
-from the average, which is why the paper introduces that measure (the
-mutual information itself would need outputs drawn from every ``p_s``).
-Everything is length-normalized by ``L``.
-
-Over the ``B`` hypotheses of a beam (``beam_sequence_measures``): the paper's
-importance-weighted estimators (Section 4), each hypothesis weighted by its
-probability normalized over the beam, and length-normalized on its own.
+Inputs are ``S`` samples of log-probabilities stacked on a leading axis (weight samples,
+ensemble members or dropout masks alike); the model average is ``log mean_s p_s``. The
+measures are Malinin and Gales's (ICLR 2021), in nats, per token, per sequence
+(length-normalized) and over a beam: definitions in docs/measures.md.
 """
 
 from __future__ import annotations
@@ -44,7 +18,7 @@ from meshbayes.field_checks import positive_int, positive_number
 from meshbayes.metrics import measures as registry
 
 Array = jax.Array
-# The names of the measures above, as the registry orders them (meshbayes.metrics.measures).
+# The measures' names, as the registry orders them (meshbayes.metrics.measures).
 TOKEN_MEASURES = registry.names(kind=registry.UNCERTAINTY, level=registry.TOKEN)
 SEQUENCE_MEASURES = registry.names(kind=registry.UNCERTAINTY, level=registry.SEQUENCE)
 BEAM_MEASURES = registry.names(kind=registry.UNCERTAINTY, level=registry.BEAM)
@@ -186,26 +160,15 @@ def beam_sequence_measures(sample_log_probs: Array, lengths: Array,
   """``BEAM_MEASURES``: the sequence measures over a beam's ``B`` hypotheses ``y_b``,
   importance-weighted (Malinin and Gales, ICLR 2021, Section 4).
 
-  With ``P(y) = mean_s P_s(y | x)`` (as in ``sequence_measures``), the weights of the
-  average ``pi_b = P(y_b)^(1/T) / sum_k P(y_k)^(1/T)`` (the paper's importance weights)
-  and of each sample ``w_sb = P_s(y_b)^(1/T) / sum_k P_s(y_k)^(1/T)``, and ``L_b`` the
-  tokens of ``y_b``:
-
-  - ``beam_total_uncertainty = -sum_b pi_b log P(y_b) / L_b``: the paper's ``H_S-IW``
-    (its importance-weighted sequence entropy of the predictive).
-  - ``beam_data_uncertainty = -mean_s sum_b w_sb log P_s(y_b) / L_b``: ``mean_s H[P_s]``,
-    each sample's expectation weighted by its own probabilities.
-  - ``beam_mutual_information``: total minus data uncertainty.
-  - ``beam_epkl = -sum_b pi_b mean_s log P_s(y_b) / L_b`` minus data uncertainty
-    (``mean_{s,s'} KL(P_s || P_s')``; = mutual information + reverse mutual information).
-  - ``beam_reverse_mutual_information = sum_b pi_b (log P(y_b) - mean_s log P_s(y_b)) /
-    L_b``: the paper's ``M_S-IW``.
-
-  At ``T = 1`` with the beam the whole support of every ``P_s``, ``pi_b = P(y_b)`` and
-  ``w_sb = P_s(y_b)``: each is exactly the expectation of its length-normalized
-  definition. With ``B = 1``, total, data and reverse mutual information are
-  ``sequence_measures``'; the mutual information is then minus the reverse one and the
-  EPKL 0 (one hypothesis cannot show where the samples put their mass).
+  With ``P(y) = mean_s P_s(y | x)``, weights ``pi_b = P(y_b)^(1/T) / sum_k P(y_k)^(1/T)``
+  and ``w_sb`` the same weights under each sample's ``P_s``, ``L_b`` the tokens of ``y_b``:
+  ``beam_total_uncertainty = -sum_b pi_b log P(y_b) / L_b`` (the paper's ``H_S-IW``);
+  ``beam_data_uncertainty = -mean_s sum_b w_sb log P_s(y_b) / L_b``;
+  ``beam_mutual_information`` total minus data; ``beam_epkl`` is
+  ``-sum_b pi_b mean_s log P_s(y_b) / L_b`` minus data;
+  ``beam_reverse_mutual_information = sum_b pi_b (log P(y_b) - mean_s log P_s(y_b)) / L_b``
+  (``M_S-IW``). With the whole support as the beam and ``T = 1`` each is its exact
+  definition; with ``B = 1`` they reduce to ``sequence_measures`` (docs/measures.md).
 
   Args:
     sample_log_probs: ``[S, ..., B]`` ``log P_s(y_b | x)``. ``-inf`` under every sample

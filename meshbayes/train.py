@@ -1,10 +1,9 @@
 """Train a model: ``python -m meshbayes.train --gin_file=... --gin.MODEL_DIR="'/path'"``.
 
-Running the same command again resumes from the latest checkpoint in MODEL_DIR.
-SIGTERM and SIGINT are handled from the start to the exit
-(``meshbayes.runtime.preemption``): a signal after the last step's checkpoint
-has landed ends a complete run with status 0. See ``meshbayes.launch`` for the
-flags and ``meshbayes.training.trainer.train`` for what gin configures.
+The same command again resumes from MODEL_DIR's latest checkpoint. SIGTERM and
+SIGINT are handled from start to exit (one after the last checkpoint ends a
+complete run with status 0). Flags: ``meshbayes.launch``; what gin configures:
+``meshbayes.training.trainer.train``.
 """
 
 import atexit

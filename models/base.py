@@ -1,13 +1,8 @@
 """The model interface the trainer, checkpoints and evaluation use (T5X's ``BaseModel``).
 
-A new model implements these methods and needs no trainer change. Batches
-are dicts of arrays; metrics are dicts of float32 scalars of the whole batch.
-
-The training loss is a mean over the batch's loss units (target tokens or
-examples), so a model states it as sums (``loss_sums``) that add up over any
-split of the batch, and the metrics as a function of those sums
-(``metrics_from_sums``): gradient accumulation then sums the microbatches'
-gradients and sums and divides once, exactly as the whole batch would.
+A new model implements these methods and needs no trainer change. Batches are dicts of
+arrays. The loss is stated as sums over loss units (``loss_sums``) and the metrics as a
+function of them (``metrics_from_sums``), so microbatches' sums add up to the whole batch's.
 """
 
 from __future__ import annotations

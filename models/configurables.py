@@ -1,13 +1,10 @@
-"""Registers the models with gin, for configuration files.
+"""Registers the models with gin, for configuration files (the classes do not depend on gin).
 
-Importing this module makes ``models.TransformerConfig``, ``models.Estimators``
-and ``models.EncoderDecoderModel`` configurable; the presets in
-``gin_configs/models/`` bind them::
+Importing it makes ``models.TransformerConfig``, ``models.Estimators`` and
+``models.EncoderDecoderModel`` configurable; the presets in ``gin_configs/models/`` bind them::
 
   include 'models/base.gin'
   models.Estimators.mlp = 'flipout'
-
-The classes themselves do not depend on gin.
 """
 
 from collections.abc import Sequence

@@ -1,18 +1,10 @@
 """Autoregressive decoding: beam search and sampling, for any model.
 
-The model provides a step function and a cache it understands:
-
-- ``step_fn(tokens, cache) -> (log_probs, aux, cache)``: ``tokens`` are the
-  previous token of each of ``N`` rows; ``log_probs`` are the normalized
-  next-token log-probabilities ``(N, vocab)`` (for Bayesian model averaging,
-  those of the predictive distribution); ``aux`` maps names to ``(N,)``
-  per-row values recorded for each step (e.g. mutual information).
-- ``reorder(cache, indices) -> cache``: the cache rows ``indices`` (used to
-  expand a batch into beams or samples and to follow surviving beams).
-
-Sequences start from token 0 (BOS, shared with padding) and end with
-``eos_id``; positions after the end are 0. Everything runs inside
-``lax.while_loop``, so decoding jits.
+The model provides ``step_fn(tokens, cache) -> (log_probs, aux, cache)``: from each of
+``N`` rows' previous token, the normalized next-token log-probabilities ``(N, vocab)`` (a
+Bayesian model's predictive) and ``aux``, name -> ``(N,)`` values recorded per step; and
+``reorder(cache, indices) -> cache``, the rows ``indices``. Sequences start from token 0
+(BOS, also padding), end with ``eos_id`` and are 0 after it; decoding jits (``lax.while_loop``).
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
-"""The encoder-decoder model behind the trainer's interface: ELBO loss, evaluation,
-scoring and Bayesian decoding of the Transformer.
+"""The Transformer behind the trainer's interface: ELBO loss, evaluation, scoring, decoding.
 
-Batches follow T5X: ``encoder_input_tokens``, ``decoder_input_tokens`` (the
-targets shifted right, starting with 0), ``decoder_target_tokens`` and
-``decoder_loss_weights``; 0 is padding and BOS, ``eos_id`` ends a sequence.
-
-Bayesian predictions come in two modes. The posterior mean runs each weight
-at its mean (one pass). Bayesian model averaging draws ``S`` weight samples,
-holds each fixed over a whole sequence (``layers.sample_weights``: the network
-then runs at its "posterior mean" with the sampled weights; decoding draws
-them once, before the first step), and averages the ``S`` next-token
-distributions, so beam search and sampling run over the predictive
-distribution. Each step also reports the mutual
-information between the next token and the weights (epistemic uncertainty).
+Batches follow T5X: ``encoder_input_tokens``, ``decoder_input_tokens`` (the targets shifted
+right), ``decoder_target_tokens``, ``decoder_loss_weights``; 0 is padding and BOS. Bayesian
+predictions use the posterior mean (one pass) or average the next-token distributions of
+``S`` weight samples, each held fixed over a whole sequence (``layers.sample_weights``), so
+beam search and sampling run over the predictive; each step reports the mutual information.
 """
 
 from __future__ import annotations

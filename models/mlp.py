@@ -1,9 +1,8 @@
 """A classifier MLP built from meshbayes layers, with logical axes on every array.
 
-The smallest real model of the library: used by the demo, the partitioning
-tests and the inspection tool. Hidden layers alternate ``embed -> mlp`` and
-``mlp -> embed`` kernels (column- then row-parallel, Megatron style) and the
-classifier is ``-> vocab``; activations are constrained at every boundary.
+The smallest real model (the demo, partitioning tests, inspection tool): hidden kernels
+alternate ``embed -> mlp`` and ``mlp -> embed`` (Megatron's column then row parallel), the
+classifier is ``-> vocab``, and activations are constrained at every boundary.
 """
 
 from __future__ import annotations

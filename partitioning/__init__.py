@@ -1,8 +1,7 @@
 """Device meshes, logical axis rules and train-state shardings.
 
-Models name axes; this package places them. It knows nothing of models: it
-reads logical axis names off boxed parameters (``nn.LogicallyPartitioned``)
-and derives everything else, optimizer state included.
+Models name axes; this package places them. It knows nothing of models: it reads logical
+axis names off boxed parameters (``nn.LogicallyPartitioned``) and derives the rest.
 """
 
 from meshbayes.partitioning.data import DataLayout, data_layout, global_batch, shard_readers

@@ -1,15 +1,11 @@
 """Registers the partitioning layer with gin, for configuration files.
 
-Importing this module makes ``partitioning.Partitioner`` and
-``partitioning.standard_rules`` configurable, so a gin file can choose a
-mesh, a preset or a table of user rules::
+Importing it makes ``partitioning.Partitioner``, ``standard_rules`` and ``data_only_rules``
+configurable (the library itself does not depend on gin)::
 
   include 'partitioning/fsdp_tp.gin'
   partitioning.Partitioner.model = 4
   partitioning.Partitioner.additional_rules = [('experts', 'data')]
-
-The library itself does not depend on gin; errors raised through gin carry
-gin's note about the configurable on a second line.
 """
 
 import gin

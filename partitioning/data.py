@@ -1,10 +1,8 @@
 """Input data on the mesh: which examples each host reads, and the global batch.
 
-The global batch is split over the mesh axes that the ``batch`` rule names
-(``data``). A host reads the examples of the batch shards its devices hold;
-hosts whose devices hold the same shards (model parallelism across hosts) read
-the same examples. ``data_layout`` reports this as the ``(shard_id,
-num_shards)`` a data pipeline shards its input by (seqio's ``ShardInfo``).
+The batch is split over the mesh axes of the ``batch`` rule; a host reads the examples of
+the batch shards its devices hold, so hosts holding the same shards read the same ones.
+``data_layout`` gives a host's ``(shard_id, num_shards)`` (seqio's ``ShardInfo``).
 """
 
 from __future__ import annotations

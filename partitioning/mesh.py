@@ -1,12 +1,8 @@
 """The device mesh: a ``(data, model)`` grid of devices.
 
-``data`` is the data-parallel axis (the batch is split over it, and with
-2-D parameter rules the ``embed`` dimension of weights too); ``model`` is the
-model-parallel axis (heads, mlp and vocab dimensions). Axis sizes are given
-either as T5X's ``num_partitions`` (the model-parallel size) or as explicit
-``data`` / ``model`` sizes where ``-1`` means "fill from the device count"
-(MaxText's convention). The axis names live in ``MESH_AXES`` so a third,
-multi-slice ``replica`` axis can be put in front of them later.
+``data`` splits the batch (and with 2-D parameter rules the weights' ``embed``), ``model``
+the heads, mlp and vocab dimensions. Sizes are T5X's ``num_partitions`` (the model-parallel
+size) or ``data`` / ``model`` sizes, ``-1`` filling from the device count (MaxText).
 """
 
 from __future__ import annotations
@@ -21,7 +17,7 @@ from jax.sharding import Mesh
 
 DATA_AXIS = "data"
 MODEL_AXIS = "model"
-MESH_AXES = (DATA_AXIS, MODEL_AXIS)
+MESH_AXES = (DATA_AXIS, MODEL_AXIS)  # one place: a multi-slice `replica` axis can go first
 
 
 def _check_size(name: str, size: object) -> None:

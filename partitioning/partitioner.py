@@ -1,9 +1,8 @@
 """The partitioner: a mesh and a rule table, and what follows from them.
 
-It turns logical annotations into ``NamedSharding``s for a whole train state,
-initializes a state directly sharded, sets the context in which a model's
-activation constraints take effect, and lays out input batches. It knows
-nothing of models: it reads axis names off boxed parameters.
+``Partitioner`` gives a whole train state's ``NamedSharding``s from logical annotations,
+initializes a state directly sharded, sets the context for a model's activation
+constraints, and lays out input batches.
 """
 
 from __future__ import annotations

@@ -1,27 +1,9 @@
 """Logical axis rules: which mesh axis each logical axis name is split over.
 
-Models name the dimensions of every parameter and activation with logical
-names (``batch``, ``embed``, ``mlp``, ...); a rule table maps names to mesh
-axes. Tables are priority ordered, as in T5X and flax: for each dimension the
-first rule naming it wins, unless its mesh axis is already used by another
-dimension of the same array, in which case later rules are tried; a name
-mapped to None is replicated.
-
-Presets (T5X's standard rules):
-
-==============  =========  =========================================  ==========
-preset          batch      vocab, mlp, heads, joined_kv               embed
-==============  =========  =========================================  ==========
-``data_only``   data       replicated                                 replicated
-``megatron``    data       model                                      replicated
-``fsdp_tp``     data       model                                      data (params)
-==============  =========  =========================================  ==========
-
-``fsdp_tp`` splits weights over both axes (2-D parameter partitioning, like
-FSDP plus tensor parallelism): a weight's ``embed`` dimension goes over
-``data``. Activations keep ``batch`` on ``data``, so their ``embed`` stays
-whole. ``kv``, ``length``, ``layers``, ``relpos_buckets`` and the other
-bookkeeping names are replicated in every preset.
+A table maps logical names (``batch``, ``embed``, ``mlp``, ...) to mesh axes in priority
+order (T5X, flax): for each dimension the first rule naming it wins unless its mesh axis
+is already used by the same array; a name mapped to None is replicated. ``PRESETS``:
+``data_only``, ``megatron``, ``fsdp_tp`` (T5X's standard rules; docs/partitioning.md).
 """
 
 from __future__ import annotations

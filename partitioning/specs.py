@@ -1,21 +1,9 @@
 """Logical axes for a whole train state, derived from its parameters' annotations.
 
-Parameters carry their logical axes in boxes (``nn.LogicallyPartitioned``,
-from ``nn.with_logical_partitioning`` or a layer's ``kernel_axes``); a Bayesian
-layer's ``kernel_loc`` and ``kernel_scale`` carry the deterministic kernel's.
-Every other leaf of the state is placed from the parameter it stands for,
-found by the longest common suffix of the two paths (optax keeps ``mu``,
-``nu`` and the like as trees shaped like the parameters):
-
-- same shape as the parameter (Adam's ``mu`` and ``nu``, momentum, EMA):
-  the parameter's axes;
-- the parameter's shape less one dimension (factored second moments:
-  Adafactor's ``v_row`` and ``v_col``): its axes less that dimension's;
-- scalars and size-1 placeholders (step counters, Adafactor's unused
-  ``v``): replicated.
-
-Nothing is written by hand, so any optax chain whose state mirrors the
-parameters works. A leaf that fits none of these is an error naming it.
+Parameters carry theirs in ``nn.LogicallyPartitioned`` boxes (a Bayesian layer's
+``kernel_loc`` and ``kernel_scale`` the deterministic kernel's). Any other leaf follows the
+parameter at the longest common path suffix: same shape (Adam's ``mu``), its axes; one
+dimension less (Adafactor's ``v_row``), those less that one; scalars, replicated; else an error.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The data layer: seqio tasks and input pipelines.
 
-Importing this package is light (no TensorFlow, no seqio): it gives the gin
-configurables ``data.TaskData`` and ``data.train_set_size``. The built-in tasks
-(``synthetic_copy``, ``synthetic_reverse``; the translation tasks of
-``translation``: ``tatoeba_enfr``, ``tatoeba_fren``, ``wmt14_enfr``, ...) are
-registered with seqio, and TensorFlow imported (``backend``), when a task is
-first looked up (``pipeline.get_task``) or their module is imported.
+Importing this package is light (no TensorFlow, no seqio) and gives the gin
+configurables ``data.TaskData`` and ``data.train_set_size``; the built-in tasks
+(``synthetic``, ``translation``) are registered, and TensorFlow imported, when a
+task is first looked up (``pipeline.get_task``) or their module is imported.
 """
 
 from meshbayes.data.pipeline import TaskData, train_set_size

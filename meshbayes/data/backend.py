@@ -1,9 +1,8 @@
 """TensorFlow and seqio for the data layer: imported here, once, quietly and off the accelerators.
 
-The data layer's modules that use them import them from here
-(``from meshbayes.data.backend import seqio, tf``), and only when they are
-needed: importing ``meshbayes.data`` (its gin configurables) costs no
-TensorFlow, so configuration errors are told in about a second.
+The data modules import them from here (``from meshbayes.data.backend import
+seqio, tf``) and only when needed, so importing ``meshbayes.data`` costs no
+TensorFlow and configuration errors are told in about a second.
 """
 
 import contextlib

@@ -1,13 +1,8 @@
 """A seqio TFDS source that reads prepared data and never downloads.
 
-seqio's ``TfdsDataSource`` reads through ``tfds.load(download=True,
-try_gcs=True)``; with ``read_only=True`` (used here) it reads the prepared
-files through ``tfds.builder(...).as_dataset`` instead, but a missing dataset
-then fails deep inside TFDS (an AssertionError; a builder for absent data also
-looks its metadata up on GCS where TFDS has GCS access enabled). This source
-first checks that the dataset is prepared in ``paths.tfds_data_dir()`` (looked
-up when used) and otherwise raises a one-line ValueError saying how to
-prepare it, before TFDS is asked anything.
+A dataset not prepared in ``paths.tfds_data_dir()`` is a one-line ValueError
+saying how to prepare it, raised before TFDS is asked anything (seqio's own
+``read_only`` source fails deep inside TFDS, or looks its metadata up on GCS).
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """Where prepared data lives: the data directory, vocabularies and TFDS data.
 
-- Data directory: ``$MESHBAYES_DATA_DIR``, else ``<repository>/data``
-  (git-ignored). ``make data`` fills it; nothing is downloaded at run time.
-- Vocabularies: ``<data dir>/vocabularies/<name>.model``, one SentencePiece
-  model per corpus and language pair, shared by both directions (e.g.
-  ``tatoeba_en-fr``, ``wmt_en-de``); ``tools/train_vocab.py`` writes them.
-- TFDS data (WMT): ``set_tfds_data_dir(path)``, else ``$TFDS_DATA_DIR``, else
-  TFDS's default ``~/tensorflow_datasets``.
-
-Every location is looked up when it is used, so setting the environment after
-import works. Locations are ``etils.epath`` paths: a ``gs://bucket/data``
-stays one (``pathlib`` would make it ``gs:/bucket/data``), and files there
-are read and written through the same calls as local ones.
+``data_dir()`` is ``$MESHBAYES_DATA_DIR``, else ``<repository>/data``; vocabularies
+are ``<data dir>/vocabularies/<name>.model`` (``vocabulary_path``); TFDS data is in
+``tfds_data_dir()``. Each is looked up when used and is an ``etils.epath`` path
+(``gs://`` works). Details: docs/training.md ("Data inside").
 """
 
 from __future__ import annotations

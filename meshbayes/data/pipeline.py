@@ -1,10 +1,9 @@
 """Input pipelines: a task's examples as numpy batches for one host.
 
-Training batches are deterministic given the seed and the host's shard. A
-run restarts where it stopped by restoring its training iterators' saved
-state (``TrainIterator.save``/``restore``: tf.data's iterator checkpointing,
-O(1) in the position), or, for checkpoints that hold none, by reading and
-dropping the batches it consumed.
+Training batches are deterministic given the seed and the host's shard. A run
+resumes by restoring its iterators' saved state (``TrainIterator.save``/``restore``,
+O(1) in the position) or, for checkpoints that hold none, by dropping the batches
+it consumed.
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
 """The Tatoeba English-French corpus: preparation (``make data``) and reading.
 
-The corpus is manythings.org's Anki export of Tatoeba (CC-BY 2.0 FR), shipped
-inside the ``nmt==0.0.6`` source distribution on PyPI: ``data/fra-eng.zip``
-holds ``fra.txt`` with lines ``english<TAB>french<TAB>attribution``, and
-``data/spa-eng.zip`` the same for Spanish. ``prepare`` writes, under
-``<data dir>/tatoeba/``::
-
-  fra-eng/{train,validation,test}.tsv   english<TAB>french<TAB>attribution
-  spa-eng/ood_spanish.txt              Spanish sentences, one a line (OOD inputs)
-  ATTRIBUTION.md, manifest.json        licence; counts (written last: "prepared")
-
-The split keeps every translation of an English sentence in one split, and
-also every English source of a French sentence (both directions are tasks):
-pairs connected through a shared English or French sentence form a group,
-groups are ordered by a salted SHA-256 of their first English sentence, and
-test, then validation, take whole groups until each holds ``heldout_english``
-distinct English sentences. Malformed lines (not valid UTF-8, not 2 or 3
-tab-separated fields, or an empty side) are skipped and counted, when the
-corpus is prepared and when a split is read.
+``prepare`` writes the splits, Spanish OOD sentences, attribution and manifest
+under ``<data dir>/tatoeba/`` from the ``nmt==0.0.6`` source distribution;
+``split_pairs`` keeps every sentence's translations in one split. Files and the
+split rule: docs/training.md ("Data inside").
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
 """English of another origin: sentences of scikit-learn's docstrings, an OOD set.
 
-Tatoeba's English is short everyday speech. A model trained on it should be
-uncertain on English of another domain: the prose of a software library's
-documentation (``Transform X using one-hot encoding.``). scikit-learn ships it
-in its installed package, pinned in ``pyproject.toml`` (1.9.1), so the set is
-the same on every machine and needs no download. ``prepare`` (run by ``make
-data``) writes it to ``<data dir>/ood/technical_english.txt``, one sentence a
-line.
-
-The sentences: the prose of every module, class and function docstring outside
-tests and vendored code, before its first numpydoc section (``Parameters``,
-``Returns``, ...), split at sentence ends; kept when 5 to 20 words of letters
-and ``, ; ' -`` only, starting with a capital and ending with ``. ? !`` (no code,
-no math, no references); deduplicated, and ordered by a salted SHA-256 of the
-sentence so that any prefix is a sample of the whole.
+``prepare`` (run by ``make data``) writes them from the pinned installed package
+to ``<data dir>/ood/technical_english.txt``, one a line, in a salted-hash order
+(any prefix is a sample). Which sentences: docs/training.md ("Data inside").
 """
 
 from __future__ import annotations

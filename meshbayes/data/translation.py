@@ -1,25 +1,9 @@
 """Translation tasks, T5X-style: Tatoeba English-French and WMT through TFDS.
 
-Registered when ``meshbayes.data`` is imported (nothing is read until a
-dataset is requested, and nothing is ever downloaded):
-
-| tasks | examples | vocabulary |
-|---|---|---|
-| ``tatoeba_enfr``, ``tatoeba_fren`` | ``<data dir>/tatoeba/fra-eng/`` | ``tatoeba_en-fr`` |
-| ``wmt14_enfr``, ``wmt14_fren`` | TFDS ``wmt14_translate/fr-en`` | ``wmt_en-fr`` |
-| ``wmt14_ende``, ``wmt14_deen`` | TFDS ``wmt14_translate/de-en`` | ``wmt_en-de`` |
-| ``wmt_t2t_ende``, ``wmt_t2t_deen`` | TFDS ``wmt_t2t_translate/de-en`` | ``wmt_en-de`` |
-
-The Tatoeba files come from ``make data`` (``meshbayes.data.tatoeba``); TFDS
-data from ``tfds build`` on a machine with internet (see ``offline_tfds``).
-
-Splits: train, validation, test. A vocabulary is the SentencePiece model
-``<data dir>/vocabularies/<name>.model`` (``meshbayes.data.paths``), shared by
-both directions and trained by ``tools/train_vocab.py --task=...``; the
-model's ``vocab_size`` must equal its size. Preprocessing: source sentence to
-``inputs``, target to ``targets`` (no task prefix: a model learns one
-direction), tokenize (keeping the ``*_pretokenized`` text the metrics score),
-append EOS after trimming. Metric: corpus BLEU (``meshbayes.metrics.bleu``).
+Registered on import, read only when requested, never downloaded: ``tatoeba_enfr``,
+``tatoeba_fren``, ``tatoeba_enfr_20k`` (``make data``; vocabulary ``tatoeba_en-fr``),
+``wmt14_enfr``/``fren`` (``wmt_en-fr``), ``wmt14_ende``/``deen`` and
+``wmt_t2t_ende``/``deen`` (``wmt_en-de``). Preprocessing: docs/training.md.
 """
 
 from __future__ import annotations

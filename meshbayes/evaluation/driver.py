@@ -1,17 +1,11 @@
 """Evaluation of a checkpoint (``python -m meshbayes.eval``): quality, calibration and
 uncertainty on a split, each figure with a bootstrap interval over the split's sources.
 
-The run's parameters are restored alone, placed on the partitioner's mesh, from the
-latest (or a given) checkpoint in ``MODEL_DIR`` (local or ``gs://...``), and turned into
-the predictive method's posterior (``evaluation.methods``). Then, in order: the
-teacher-forced pass, a temperature fitted on another split, token calibration per
-predictive, decoding the sources, the figures and their intervals per predictive
-(``evaluation.items``), the out-of-distribution sets (``evaluation.ood``), and what is
-written (``evaluation.writer``); each pass announced with the time left
-(``evaluation.phases``). Written to ``ReportConfig.output_dir`` (default
-``MODEL_DIR/eval/<task>/``): ``metrics.json``, ``reliability.json``/``.png``, each
-predictive's items (``predictions_<predictive>.jsonl``,
-``token_statistics_<predictive>.npz``), ``ood_scores.npz`` and TensorBoard scalars.
+``evaluate`` restores the run's parameters from the latest (or a given) checkpoint in
+``MODEL_DIR`` (local or ``gs://``) onto the partitioner's mesh, builds the predictive
+method's posterior (``evaluation.methods``), runs the passes (``evaluation.phases``) and
+writes ``metrics.json``, reliability diagrams, each predictive's items and TensorBoard
+scalars to ``ReportConfig.output_dir`` (default ``MODEL_DIR/eval/<task>/``).
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Inference from a checkpoint (``python -m meshbayes.infer``): a file of inputs, one per
 line, decoded into a file of outputs, with each output's probability and uncertainty.
 
-One output line per input line, always: an empty (or blank) input line gives an
-empty output line and a scores record marked ``"empty": true``. Inputs longer
-than the task's input length are truncated (EOS kept), with one warning line
-naming the first few by line number and tokens cut. Files may be local or on
-a bucket (``gs://``, through ``etils.epath``).
+One output line per input line, always (a blank input gives an empty line and a scores
+record marked ``"empty": true``); too-long inputs are truncated with one warning line.
+Files may be local or ``gs://``.
 """
 
 from __future__ import annotations

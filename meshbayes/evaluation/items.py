@@ -1,32 +1,12 @@
-"""What an evaluation keeps of each test item, and every figure computed from it.
+"""What an evaluation keeps of each test item (a distinct source), and every figure computed
+from it.
 
-The item is a distinct source sentence: a source with several references is
-decoded once and scored against all of them (multi-reference BLEU, exact match
-against any reference), and its teacher-forced token statistics are the sums
-over all of its pairs. Every figure of a predictive is a function of its
-items (``figures``), so the same function gives the estimate, its bootstrap
-interval over sources (``intervals``) and the paired difference against
-another predictive evaluated on the same sources (``paired_differences``).
-
-With equivalence samples (``PredictiveConfig.equivalence_samples``), each item also keeps
-its ``K`` ancestral samples and their log-probabilities, and ``figures`` adds, for each
-equivalence of ``metrics.equivalence.EQUIVALENCES``, the exact-match calibration figures
-of the equivalence-class confidence ``c(y)`` (a lower bound on the probability of ``y``'s
-class) against an equivalent reference (``equivalence_<slug>_*``).
-
-Out-of-distribution detection keeps each input's uncertainty measures
-(``OodScores``): AUROC and FPR at 95% TPR per measure, their intervals by a
-bootstrap over in- and out-of-distribution inputs (each resampled within
-itself), and ``measure_chosen_on_half``: a measure picked on one half of the
-inputs and reported on the other, so that no figure is selected on the data it
-is reported on.
-
-What each figure and measure name means, and which way it improves, is in the
-registry ``meshbayes.metrics.measures``.
-
-An evaluation writes ``predictions_<predictive>.jsonl`` (one line per source:
-its text, references, output and scores), ``token_statistics_<predictive>.npz``
-and ``ood_scores.npz``; ``read_items`` and ``read_ood_scores`` load them again.
+``figures`` is a function of a predictive's items (``SourceItems``), so the same function
+gives the estimate, its bootstrap interval over sources (``intervals``) and the paired
+difference against another predictive on the same sources (``paired_differences``).
+``OodScores`` keeps each input's uncertainty measures for OOD detection (``ood_intervals``,
+``measure_chosen_on_half``). ``read_items`` and ``read_ood_scores`` load the files an
+evaluation writes. How evaluation works: docs/uncertainty.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
-"""Last-layer Laplace approximation: the curvature, the posterior and its prior precision.
+"""Last-layer Laplace approximation: a diagonal Gaussian over the output projection's
+kernel ``W`` around the trained weights, every other weight held.
 
-A Gaussian over the output projection's kernel ``W`` (``logits = h @ W``, ``h`` the
-``d`` features before it, ``V`` outputs) centred on the trained weights, every other
-weight held at its trained value. Its precision is the generalized Gauss-Newton (GGN)
-of the summed training negative log-likelihood plus an isotropic prior precision
-``alpha``::
-
-    precision = ggn_scale * GGN + alpha        stddev = 1 / sqrt(precision)  (diagonal)
-
-The network is linear in ``W``, so the GGN is the Hessian itself, not an approximation
-of it: for softmax cross-entropy, ``d^2 NLL / dW_jv^2 = sum_i m_i h_ij^2 p_iv (1 - p_iv)``
-(``m_i`` a token's loss weight, ``p_i`` its predicted distribution); for a Gaussian
-likelihood of variance ``sigma^2``, each output column's block is ``H^T H / sigma^2``.
-Sums over batches add (``add_softmax_batch``); ``ggn_scale`` rescales a subset's sums
-to the whole training set's (its token count over the subset's).
-
-``LastLayerPosterior`` is that posterior as a kind of ``layers.posteriors.Posterior``:
-a member is the trained weights with the layer's kernel drawn, so evaluation averages
-its predictions like any other posterior's. ``select_prior_precision`` picks ``alpha``
-on validation NLL. ``fit`` builds it for a trained encoder-decoder Transformer: the
-``laplace`` predictive method (``meshbayes.evaluation.methods``).
+``precision = ggn_scale * GGN + alpha`` (the GGN of the summed training NLL, exact here:
+the logits are linear in ``W``), ``stddev = 1 / sqrt(precision)``. Batches' sums add
+(``add_softmax_batch``); ``select_prior_precision`` picks ``alpha`` on validation NLL;
+``LastLayerPosterior`` is a ``layers.posteriors.Posterior``; ``fit`` builds the ``laplace``
+predictive method's posterior for a trained Transformer.
 
 >>> features = jnp.array([[1.0, 2.0]])  # one token, d = 2
 >>> logits = jnp.zeros((1, 2))          # V = 2: p = (1/2, 1/2), p (1 - p) = 1/4

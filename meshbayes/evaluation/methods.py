@@ -1,12 +1,10 @@
 """The registry of predictive methods: how each turns trained runs into the posterior
 evaluation predicts with.
 
-A method names the training recipe whose runs it predicts with and builds, from
-a restored run, the model and the posterior (``layers.posteriors.Posterior``)
-that evaluation takes in place of the parameters. ``PredictiveConfig.method``, the
-experiment tool (``tools/experiment_plan.py``: its methods, runs and
-evaluation bindings) and gin read this registry; adding a method is one
-``register`` of a ``PredictiveMethod``.
+A ``PredictiveMethod`` names the training recipe whose runs it predicts with and builds,
+from a restored run, the model and the ``layers.posteriors.Posterior`` evaluation takes in
+place of the parameters. ``PredictiveConfig.method``, the experiment tool and gin read
+the registry; adding a method is one ``register``.
 
 >>> get('mc_dropout').trained_by
 'deterministic'

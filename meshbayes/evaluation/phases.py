@@ -1,12 +1,8 @@
 """An evaluation's phases announced one line each, with the time left for the whole.
 
-``meshbayes.evaluation`` runs a dozen passes over the data (teacher-forced scoring, token
-calibration per predictive, decoding, out-of-distribution sets), each with its own
-progress bar. ``EvalPhases`` numbers them (``phase 3/12: ...``) and estimates the time
-left from the passes already timed: every phase has a cost in *units* (batches times
-forward passes, times the beam for beam search), and each kind of phase its seconds per
-unit once one of that kind has run; a kind not yet timed is priced from the scoring
-rate by a fixed ratio.
+``EvalPhases`` numbers the passes (``phase 3/12: ...``) and prices each in units (batches
+times forward passes, times the beam for beam search) at its kind's measured seconds per
+unit; a kind not yet timed is priced from the scoring rate by a fixed ratio.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """Passes over a split that measure predictions and their uncertainty.
 
-* ``token_calibration``: teacher-forced token-level calibration statistics (ECE,
-  weighted ECE, Brier, NLL, accuracy) of the posterior mean or of the model
-  average over ``S`` weight samples, per example (for bootstrap intervals) and
-  summed.
-* ``decode_and_score``: decodes inputs, then scores each output under the
-  predictive distribution that decoded it (the same weight samples; a
-  temperature-scaled predictive decodes at ``T = 1`` and rescales only the
-  scores), giving its probability and every uncertainty measure of
-  ``meshbayes.predictive``; optionally with ``K`` ancestral samples of each input
-  scored the same way (the equivalence-class confidence of ``metrics.equivalence``).
-
-The figures made of them are in ``meshbayes.evaluation.items``; the
-definitions in ``meshbayes.metrics``.
+``token_calibration``: teacher-forced token calibration statistics of the posterior mean
+or the model average, per example and summed. ``decode_and_score``: decodes inputs and
+scores each output under the predictive that decoded it (the same weight samples; a
+temperature rescales only the scores), with every measure of ``meshbayes.predictive``
+and optionally ``K`` scored ancestral samples. Figures: ``evaluation.items``.
 """
 
 from __future__ import annotations
@@ -292,35 +284,26 @@ def decode_and_score(model: BaseModel, params: Any, input_batches: Iterable[np.n
     max_length: most output tokens, EOS included.
     eos_id: end of sequence.
     sample_agreement: for a model average, also decode with each of its ``S``
-      samples alone and add ``bleu_disagreement`` to each record's measures:
-      100 minus the mean sentence BLEU between the samples' own outputs over
-      all ordered pairs (Malinin and Gales's "BLEU variance"; token ids as
-      words). ``S`` more decodes.
+      samples alone and add ``bleu_disagreement``: 100 minus the mean sentence BLEU
+      between the samples' outputs over ordered pairs (Malinin and Gales's "BLEU
+      variance"; token ids as words). ``S`` more decodes.
     outputs: score these outputs (one per non-empty row, without EOS) instead of
-      decoding: a temperature-scaled predictive scores what its unscaled self
-      decoded (a temperature rescales scores; it does not change the translation).
-    beam_measures: for a model average (``S > 1``) decoding by beam search (``method``
-      ``'beam'``, else a ValueError), also score each hypothesis of the beam under the
-      same weight samples and add ``predictive.BEAM_MEASURES`` to each record's
-      measures (``_beam_measures``; ``beam_size - 1`` more scoring passes). Not added
-      when ``outputs`` are given (no beam) or for the posterior mean.
+      decoding: a temperature-scaled predictive scores what its unscaled self decoded.
+    beam_measures: for a model average (``S > 1``) decoding by beam search (else a
+      ValueError), also score each beam hypothesis under the same weight samples and
+      add ``predictive.BEAM_MEASURES`` (``beam_size - 1`` more scoring passes). Not
+      added when ``outputs`` are given or for the posterior mean.
     equivalence_samples: ``K`` (0: none): also draw ``K`` ancestral samples of each
-      input from the predictive (temperature 1, no filtering) and score each as the
-      output is scored (its batch's key: the same weight samples and dropout masks, and
-      the predictive's temperature) into each record's ``samples`` and
-      ``sample_log_probs``. They are drawn with a key apart from the decode's, so
-      a model average of sampled weights draws them from other ``S`` weight samples:
-      they only propose outputs, and the distinct ones' probabilities under the scoring
-      predictive sum to a lower bound on a class's probability whatever proposed them.
-      Cost per batch: a sampled decode of ``K`` rows per input and ``K`` scoring passes.
+      input (temperature 1, no filtering; a key apart from the decode's) and score each
+      as the output is scored (the same weight samples, dropout masks and temperature)
+      into each record's ``samples`` and ``sample_log_probs``. Cost per batch: a sampled
+      decode of ``K`` rows per input and ``K`` scoring passes.
     samples: with ``outputs`` and ``equivalence_samples``, score these samples (``K``
-      per non-empty row, without EOS) instead of drawing them: a temperature-scaled
-      predictive rescores its unscaled self's samples at its temperature (``K`` scoring
-      passes, no decode).
-    done: the records of the first ``len(done)`` batches from an interrupted call with
-      the same arguments: taken as they are, not decoded again (their rows of
-      ``outputs`` and ``samples`` skipped). The batches after them use the keys they
-      would have had, so the result is the uninterrupted call's.
+      per non-empty row, without EOS) instead of drawing them (a temperature-scaled
+      predictive rescores its unscaled self's).
+    done: the records of the first ``len(done)`` batches of an interrupted call with
+      the same arguments, taken as they are; later batches keep their keys, so the
+      result is the uninterrupted call's.
     on_batch: ``on_batch(index, records)`` as each batch's records are complete (to
       save them: ``evaluation.resumable``).
     **decode_kwargs: ``predict_batch_with_aux`` options (``method``, ``beam_size``).

@@ -1,13 +1,10 @@
 """Decoding that resumes: each predictive's decoded batches saved as they complete.
 
-Decoding every test source is most of an evaluation's time (a model average's beam, its
-hypotheses' scores and ancestral samples: hours on CPU). ``DecodeLog`` keeps one file per
-predictive under ``OUT/partial/``: a first line naming what is decoded (the fingerprint:
-run, step, predictive, decoding settings, sources), then one line per completed batch of
-``predictives.Decoded`` records. An evaluation started again with the same fingerprint
-takes those batches and decodes the rest (``predictives.decode_and_score``'s ``done``), so
-its result is the uninterrupted one's; another fingerprint starts the file afresh. The
-evaluation removes ``OUT/partial/`` once its results are written.
+``DecodeLog`` keeps one file per predictive under ``OUT/partial/``: a fingerprint line
+(run, step, predictive, decoding settings, sources), then one line per completed batch.
+An evaluation started again with the same fingerprint takes those batches
+(``decode_and_score``'s ``done``) and gives the uninterrupted result; another fingerprint
+starts afresh. ``OUT/partial/`` is removed once the results are written.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The grouped settings of an evaluation (T5X style): decoding, predictives, OOD sets, report.
 
-``meshbayes.evaluation.evaluate`` takes one of each; gin files bind them as
-``evaluate.decoding = @evaluation.DecodeConfig()`` (``runs/eval.gin`` does) and set
-their fields as ``evaluation.DecodeConfig.method = 'greedy'``. Each checks its values
-when built, so a bad one is a one-line ValueError naming it before anything is loaded.
+``evaluation.evaluate`` takes one of each; gin binds them (``runs/eval.gin``) and sets
+their fields, e.g. ``evaluation.DecodeConfig.method = 'greedy'``. Each checks its values
+when built: a bad one is a one-line ValueError before anything is loaded.
 """
 
 from __future__ import annotations

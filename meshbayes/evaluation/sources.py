@@ -1,8 +1,7 @@
 """A split's pairs grouped by source: the unit every decoded figure is counted in.
 
-Tatoeba gives one English sentence several French translations: each distinct source
-is decoded once and scored against all of its references; teacher-forced token
-figures use every pair, summed per source (``Sources.sum_rows``).
+Each distinct source is decoded once and scored against all of its references;
+teacher-forced token figures use every pair, summed per source (``Sources.sum_rows``).
 """
 
 from __future__ import annotations

@@ -1,50 +1,9 @@
 """A Bayesian LSTM character language model against its deterministic twin (Tatoeba English).
 
-The Bayesian Layers paper's Figure 1 (Tran et al., 2019): a character-level
-language model whose LSTM cell has a normal posterior on every kernel, trained
-on the per-character negative ELBO.
-
-Data: the English side of the offline Tatoeba English-French corpus that ``make
-data`` prepares (``data/tatoeba/fra-eng/{train,validation}.tsv``, read with
-``meshbayes.data.tatoeba.read_tsv``). English sentences repeat there (one line
-per translation), so each split keeps its distinct sentences in order of first
-appearance; a seeded shuffle picks ``--sentences`` training sentences and
-``--val_sentences`` validation ones; sentences of more than ``--max_length``
-characters are dropped (and counted). The vocabulary is *characters* (Unicode
-code points, not bytes) of the chosen training sentences, sorted, after four
-specials: padding 0, beginning of sentence 1, end of sentence 2, unknown 3 (a
-validation character the training text lacks; counted in the JSON). Each
-sentence is ``BOS c_1 ... c_n EOS``; the model predicts every next symbol,
-``c_1 ... c_n EOS``, so a sentence of ``n`` characters has ``n + 1`` targets.
-
-Model (``CharLSTM``): a deterministic embedding (``meshbayes.layers.Embed``),
-one LSTM layer, a deterministic softmax layer (``meshbayes.layers.Dense``),
-as in the paper's figure where only the cell is Bayesian. The cell is
-``lstm_cell_class(estimator)``: ``LSTMCellFlipout`` (default) or
-``LSTMCellReparameterization`` for the Bayesian model, ``LSTMCell`` (the same
-parameters, point weights) for the deterministic one; both scanned by
-``meshbayes.layers.RNN`` (``nn.RNN`` with ``split_rngs={'params': False,
-'sample': False}``), so a sequence keeps one weight sample at every time step,
-and the cell's KL is recorded once.
-
-Training: Adam on the mean NLL per character of a batch plus
-``kl_penalty(total_kl, number of training characters, --kl_weight)`` (0 for
-the deterministic model; ``--kl_weight 1`` is the ELBO), one fresh weight
-sample per step (Flipout: per sequence).
-
-Evaluation on the validation sentences, every ``--eval_every`` steps and at
-the end: perplexity ``exp(NLL per character)``; for the Bayesian model both of
-the model average over ``--num_samples`` weight samples (``log mean_s p_s``,
-``meshbayes.predictive.model_average``; ``--train_eval_samples`` of them
-during training) and of the posterior mean (``deterministic=True``). At the
-end also token-level calibration (``meshbayes.metrics.token_calibration_statistics``
-and ``token_calibration_metrics``, 15 bins: top-label ECE, weighted ECE, Brier,
-accuracy) of the next-character distributions.
-
-Run: ``python -m meshbayes.examples.char_lstm --output_dir runs/examples/char_lstm``
-(``--steps``, ``--sentences``, ``--hidden``, ``--estimator``, ``--num_samples``,
-``--help`` for the rest); writes ``char_lstm.png`` (validation perplexity over
-training) and ``char_lstm.json``. The defaults run in a few CPU minutes.
+The paper's Figure 1: an embedding, one LSTM layer (``LSTMCellFlipout`` scanned
+by ``meshbayes.layers.RNN``: one weight sample per sentence) and a softmax, on
+the English sentences ``make data`` prepares, trained on the per-character
+negative ELBO; scores validation perplexity and calibration. docs/examples.md.
 """
 
 from __future__ import annotations

@@ -1,47 +1,9 @@
 """A Cox process, deep GP intensity (the paper's Figure 8): coal-mining disasters, a 2-D pattern.
 
-Model: a ``PoissonProcess`` on the unit box whose rate is
-``base * softplus(f(x))``, ``f`` a deep GP of ``--num_layers`` (2)
-``SparseGaussianProcess`` layers (inducing points on a regular grid of the
-box, squared exponential kernels; the hidden layer has the input's width and
-the identity mean function, and starts with a narrow ``q(v)``; the last
-layer's marginals are sampled once per location). ``base = n_train / |B| /
-log 2`` makes ``f = 0`` the constant-rate fit, so the prior is centred on it
-(an empirical-Bayes choice). Training maximizes the ELBO
-``E_q[log p(X | rate)] - KL(q || p)``, the Poisson log-likelihood's integral
-by Gauss-Legendre quadrature, estimated with one sample of ``f`` per location
-and step (``--steps`` full-batch Adam steps).
-
-Data, both mapped to the unit box:
-
-* ``coal``: the 191 British coal-mining explosions with 10 or more deaths,
-  15 March 1851 to 22 March 1962 (Jarrett, 1979; as given in Hand et al.,
-  1994, *A Handbook of Small Data Sets*, and R's ``boot::coal``, decimal years),
-  embedded below (``COAL_DISASTERS``), on the window 1851.0 to 1962.25.
-* ``synthetic_2d``: a pattern drawn (by the layer's thinning sampler, seeded)
-  from the known intensity ``synthetic_intensity`` on the unit square, two
-  Gaussian bumps over a floor (450 points expected).
-
-Each pattern is split by independent thinning with ``p = 0.5`` into a train
-and a test half: two independent Poisson processes of intensity ``p * rate``,
-so an intensity fitted to the train half predicts the test half. Reported,
-on a regular grid (``--grid`` cells per axis; intensities of the whole
-pattern, the train fit divided by ``p``):
-
-* held-out log-likelihood of the test half, ``sum log rate(x) - integral
-  rate`` (per test point), of the posterior mean intensity (``--num_samples``
-  draws), against a Gaussian kernel density of the train half (scikit-learn's
-  ``KernelDensity``, bandwidth by 5-fold cross-validated likelihood on the
-  train half) times its count, and against the constant rate; the standard
-  error of the gap to the KDE (paired over the test points);
-* on ``synthetic_2d``: the relative L2 error of each intensity against the
-  truth, the coverage of the pointwise 90% posterior band (the fraction of
-  the box where the truth lies between the 5% and 95% quantiles), and the
-  peak intensities.
-
-Run: ``python -m meshbayes.examples.cox_process --output_dir runs/cox``;
-writes ``cox_process.png`` (coal rate per year with its band, the 2-D truth,
-posterior mean and band width) and ``cox_process.json``.
+A ``PoissonProcess`` whose rate is ``base * softplus(f(x))``, ``f`` a deep GP of
+``SparseGaussianProcess`` layers, fitted by its ELBO to the train half of each
+pattern (split by thinning) and scored on the test half against a kernel
+density and the constant rate. ``COAL_DISASTERS`` is the coal data. docs/examples.md.
 """
 
 from __future__ import annotations

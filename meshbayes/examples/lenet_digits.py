@@ -1,37 +1,9 @@
 """Bayesian LeNet-5 (Flipout) against its deterministic twin on scikit-learn's digits.
 
-Data: ``sklearn.datasets.load_digits`` (1,797 grey 8x8 images, shipped with
-scikit-learn, offline), pixels scaled to ``[0, 1]``, a seeded stratified
-split of ``--test_fraction`` (0.2: 1,437 train, 360 test).
-
-Model: LeNet-5 (LeCun et al., 1998) on 8x8 inputs with ``'SAME'`` padding,
-so no layer shrinks the image below the pools: conv 5x5x6, ReLU, 2x2 max
-pool (8 -> 4), conv 5x5x16, ReLU, 2x2 max pool (4 -> 2), flatten (64), dense
-120, ReLU, dense 84, ReLU, dense 10. One code path, ``LeNet5(estimator=...)``:
-``'flipout'`` builds it of ``ConvFlipout`` and ``DenseFlipout`` (normal
-posterior on every kernel, prior ``N(0, 1)``), ``'deterministic'`` of their
-deterministic twins ``Conv`` and ``Dense``.
-
-Training: Adam on the per-example negative ELBO, batch-mean NLL plus
-``kl_penalty(KL, num_train, kl_weight)`` (0 for the deterministic net).
-``kl_weight`` ramps linearly from 0 over the first half of training to
-``--kl_weight``: 0.1 by default, a tempered posterior (1, the ELBO, leaves
-the posterior so wide on 1,437 images that the net is underconfident).
-
-Evaluation, for each model: accuracy, NLL and top-label ECE
-(``meshbayes.metrics.expected_calibration_error``, 10 bins) of the
-predictive distribution (the Bayesian net: the average of
-``--num_samples`` Flipout forward passes, ``meshbayes.predictive``); and
-"refuses noise": the predictive entropy of as many uniform-noise images
-(pixels i.i.d. ``U[0, 1]``) as test digits against that of the test digits,
-summarized as AUROC (``meshbayes.metrics.auroc``; 1: every noise image more
-uncertain than every digit); for the Bayesian net also the AUROC of the
-mutual information (the epistemic part of the entropy).
-
-Run: ``python -m meshbayes.examples.lenet_digits --output_dir runs/lenet``
-(``--epochs``, ``--num_samples``, ``--kl_weight``, ``--seed``); writes
-``lenet_digits.png`` (reliability diagram and entropy histograms) and
-``lenet_digits.json``.
+``LeNet5(estimator=...)`` builds both from one code path; ``train`` fits the
+per-example negative ELBO (KL weight ramped to ``--kl_weight``). Scored by
+accuracy, NLL, ECE and the AUROC of telling uniform noise from digits by
+predictive entropy. ``load_digits_split`` is the digits' split. docs/examples.md.
 """
 
 from __future__ import annotations

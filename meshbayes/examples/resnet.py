@@ -1,35 +1,8 @@
 """The Bayesian Layers paper's Bayesian ResNet-50 counted from shapes; a small one on digits.
 
-The model is the paper's appendix listing (Tran et al., 2019, "Bayesian
-Layers", the Bayesian ResNet-50 built from the Keras ResNet-50) with our
-layers: every convolution a ``ConvFlipout`` (``Conv2DFlipout``), batch norm
-after each, bottleneck blocks (1x1, 3x3, 1x1 convolutions; the first block of
-each stage a "conv block" with a 1x1 projection shortcut and the stride on its
-first 1x1 convolution, the others "identity blocks"), stages of 3, 4, 6 and 3
-blocks of widths 64, 128, 256 and 512 (outputs 4x), a 7x7 stride-2 stem and
-3x3 stride-2 max pool, global average pooling and a final
-``DenseVariationalDropout``. ``ResNet(estimator='deterministic')`` is the
-same code with the deterministic twins (``Conv``, ``Dense``): the standard
-ResNet-50.
-
-Counting, from shapes alone (``jax.eval_shape`` of ``init``, no compute),
-with ``count_parameters``, as torchvision counts: the convolutions have no
-bias (the batch norm that follows has one), batch norm's ``scale`` and
-``bias`` are parameters and its running mean and variance are not (flax
-keeps them in the ``batch_stats`` collection, torchvision in buffers; Keras'
-25,636,712 counts them and the convolutions' biases). The deterministic
-build must give torchvision's 25,557,032 exactly. The Bayesian build doubles
-every convolution kernel (``kernel_loc``, ``kernel_scale``) and the final
-kernel (``kernel_loc``, ``kernel_log_sigma2``); batch norm and the final bias
-stay deterministic.
-
-Then a small ResNet of the same code (``--stage_sizes 1 1 --width 8``, a 3x3
-stride-1 stem without max pool for 8x8 inputs) is trained a little on
-scikit-learn's digits, Bayesian and deterministic, as in ``lenet_digits``.
-
-Run: ``python -m meshbayes.examples.resnet --output_dir runs/resnet``
-(``--epochs``, ``--stage_sizes``, ``--width``, ``--num_samples``, ``--seed``);
-writes ``resnet.png`` (parameter counts by kind) and ``resnet.json``.
+``ResNet`` is the paper's appendix ResNet-50 (``ConvFlipout`` convolutions, a
+final ``DenseVariationalDropout``); ``estimator='deterministic'`` is the standard
+ResNet-50, whose count must equal torchvision's 25,557,032. docs/examples.md.
 """
 
 from __future__ import annotations

@@ -1,34 +1,8 @@
 """A small VQ-VAE (van den Oord et al., 2017) on scikit-learn's digits.
 
-Data: ``sklearn.datasets.load_digits`` (1,797 grey 8x8 images, offline),
-pixels scaled to ``[0, 1]``, the seeded stratified split of
-``meshbayes.examples.lenet_digits.load_digits_split`` (1,437 train, 360
-test).
-
-Model: a convolutional encoder (conv 3x3x``hidden``, ReLU, conv 3x3 stride 2
-(8x8 -> 4x4), ReLU, conv 1x1 to ``--embedding_dim``) gives a 4x4 grid of
-vectors; ``VectorQuantizer`` (``--num_embeddings`` entries, commitment cost
-0.25) replaces each by its nearest codebook entry, so an image is 16 codes;
-the decoder (conv 3x3, ReLU, transposed conv 3x3 stride 2 (4x4 -> 8x8),
-ReLU, conv 3x3 to 1 channel, sigmoid) maps them back to pixels. The codebook
-is trained by exponential moving averages (``--ema``, the default, decay 0.99)
-or by gradient through the codebook loss (``--no-ema``).
-
-Training: Adam on the pixel mean squared error plus the recorded
-vector-quantization losses (``total_vq_loss``), minibatches of
-``--batch_size``.
-
-Evaluation on the test digits: reconstruction MSE (against the MSE of
-predicting every image by the training mean, the floor a bottleneck that
-carries nothing reaches), and codebook usage: entries used and the
-perplexity of the code frequencies (``code_usage``: the effective number of
-entries used).
-
-Run: ``python -m meshbayes.examples.vqvae_digits --output_dir runs/vqvae``
-(``--steps``, ``--num_embeddings``, ``--embedding_dim``, ``--hidden``,
-``--ema/--no-ema``, ``--seed``); writes ``vqvae_digits.png`` (test digits
-above their reconstructions, and the code usage histogram) and
-``vqvae_digits.json``.
+A convolutional encoder to a 4x4 grid of codes through a ``VectorQuantizer``
+(EMA codebook, or ``--no-ema``) and a decoder; scored by test reconstruction
+MSE and codebook usage. docs/examples.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Bayesian layers: drop-in flax layers whose weights are normal posteriors.
 
-Each layer keeps its flax twin's constructor and call; see ``dense``,
-``embed``, ``conv``, ``variational_dropout``, ``lstm`` and ``attention``; ``bayesianize``
-makes any flax model of flax's own layers Bayesian. Layers over functions and
-activations: ``gaussian_process``, ``poisson_process`` (the point process of a
-rate function on a box), ``stochastic_outputs`` (tensor in,
-TensorFlow Probability distribution out; ``Normal`` here is that output layer,
-the weight posterior is ``estimators.Normal``), ``reversible`` (flows) and
-``vector_quantization``. Estimators are pure functions in ``estimators``;
-priors and their KL in ``priors``; how the recorded KL enters a loss in ``kl``.
+Each layer keeps its flax twin's constructor and call; ``bayesianize`` makes a
+model of flax's own layers Bayesian. ``Normal`` here is the stochastic output
+layer (the weight posterior is ``estimators.Normal``). ``docs/layers.md`` lists
+every layer, estimator and prior, and how the recorded KL enters a loss.
 """
 
 import importlib

@@ -1,27 +1,10 @@
 """Bayesian drop-ins for ``nn.MultiHeadDotProductAttention``, one class per estimator.
 
-``MultiHeadDotProductAttention`` here is the deterministic twin with T5X-style
-logical axes, so one model code path builds the deterministic baseline and
-the Bayesian model: ``attention_class(estimator)`` picks the class by name.
-Each layer takes flax's constructor arguments (``num_heads``,
-``qkv_features``, ``out_features``, ``dropout_rate``, ``decode``,
-``normalize_qk``, ``attention_fn``, ...) and is called the same way. Its four
-projections keep flax's names and shapes: ``query``, ``key`` and ``value``
-are ``DenseGeneral`` maps from the features to ``(num_heads, head_dim)``,
-``out`` maps ``(num_heads, head_dim)`` back; in the Bayesian classes each is
-the ``DenseGeneral`` of the class's estimator (``dense_general_class``), its
-kernel a normal posterior ``kernel_loc``, ``kernel_scale`` with the prior and
-KL recording of the Dense layers (each projection records its own KL).
-
-``deterministic`` means what it means for flax's layer, a deterministic
-output: the posterior mean of every projection and no attention dropout.
-``deterministic=False`` samples the projections from the ``'sample'`` rng
-and, when ``dropout_rate > 0``, drops attention weights with the
-``'dropout'`` rng; sampling without dropout is ``dropout_rate=0``.
-
-Beyond flax's call, ``bias`` is added to the attention logits (T5's relative
-position bias, ``(batch..., heads, queries, keys)`` or broadcastable), and
-``activation_axes`` puts a sharding constraint on the projected heads.
+Each takes flax's arguments and call; ``query``, ``key``, ``value`` and ``out``
+are ``DenseGeneral`` projections of the class's estimator, each recording its
+KL. ``deterministic`` means posterior-mean projections and no dropout. Beyond
+flax: ``bias`` on the logits and ``activation_axes``. ``MultiHeadDotProductAttention``
+is the deterministic twin; ``attention_class(estimator)`` picks by name.
 """
 
 from __future__ import annotations

@@ -1,30 +1,10 @@
 """Bayesianize a flax model written with flax's own layers, without editing its code.
 
-``bayesianize(model, estimator='flipout')`` returns a module that runs
-``model`` with each ``nn.Dense``, ``nn.DenseGeneral``, ``nn.Conv`` and
-``nn.Embed`` and ``nn.LSTMCell`` replaced by its Bayesian twin of ``meshbayes.layers``
-(``dense_class``, ``dense_general_class``, ``conv_class``, ``embed_class``),
-built from the flax layer's own attributes. The parameter tree is the
-model's, with each replaced weight ``w`` become ``w_loc`` and ``w_scale`` of
-``w``'s shape and logical axes; ``moped_init`` fills it from the model's
-trained parameters.
-
-The mechanism is flax method interception (``nn.intercept_methods``), not
-class substitution: a model creates its layers inside its own ``@nn.compact``
-methods (``nn.Dense(16)(x)``), so they are not attributes a clone could swap,
-and patching the ``nn.Dense`` name would reach every model in the process.
-An interceptor sees each call of a layer with the bound layer itself, so it
-reads the layer's attributes as the model set them, and runs the Bayesian twin
-in the layer's own scope (a module whose parent is a ``Scope`` uses that
-scope, as at the top of ``apply``): parameters, ``'sample'`` rngs and the
-recorded KL land under the layer's path, and nothing outside the wrapper's
-``apply`` is affected. Only layers of exactly the flax classes are replaced;
-a subclass may compute something else and keeps running as written.
-
-An ``nn.LSTMCell`` scanned by ``nn.RNN`` is replaced too, but ``nn.RNN`` must
-pass the ``'sample'`` rng unsplit (``split_rngs={'params': False, 'sample':
-False}``) and its scan does not carry the recorded KL: such a model's KL is
-missing from ``total_kl`` unless it scans with ``meshbayes.layers.RNN``.
+``bayesianize(model, estimator)`` runs ``model`` with each ``nn.Dense``,
+``nn.DenseGeneral``, ``nn.Conv``, ``nn.Embed`` and ``nn.LSTMCell`` replaced by its
+Bayesian twin (flax method interception), each weight ``w`` become ``w_loc`` and
+``w_scale`` with ``w``'s shape and axes; ``moped_init`` starts it from the model's
+trained parameters. An ``nn.RNN``'s cells lose their KL: scan with ``RNN``.
 """
 
 from __future__ import annotations

@@ -1,29 +1,10 @@
 """Bayesian drop-ins for ``nn.Conv`` (1-D, 2-D and 3-D by kernel rank), one class per estimator.
 
-``Conv`` here is the deterministic twin with T5X-style ``kernel_axes``, so one
-model code path builds the deterministic baseline and the Bayesian model:
-``conv_class(estimator)`` picks the class by name. Each layer takes
-``nn.Conv``'s constructor arguments (``features``, ``kernel_size``,
-``strides``, ``padding``, ``input_dilation``, ``kernel_dilation``,
-``feature_group_count``, ``use_bias``, ...) and is called the same way,
-channels last, with any number of leading batch axes (none included). The
-kernel ``kernel_size + (in_features // feature_group_count, features)``
-becomes ``kernel_loc`` and ``kernel_scale`` with the deterministic kernel's
-shape and logical axes; the bias stays deterministic unless
-``bayesian_bias=True``.
-
-What each estimator samples:
-
-- ``ConvReparameterization``: one kernel sample per call, shared by the batch.
-- ``ConvFlipout``: one kernel sample per example. Flipout's signs are drawn
-  per example and channel and shared over spatial positions (as TFP's
-  ``Conv2DFlipout``), so every position of an example sees the same weights.
-- ``ConvLocalReparameterization``: each output (example, position, feature)
-  drawn from its Gaussian, mean ``conv(x, loc)`` and variance
-  ``conv(x * x, stddev^2)``. This is *not* a per-example weight sample: two
-  positions of one example, which share weights under any sample, come out
-  uncorrelated. Marginals are exact; use it where per-position independence
-  is acceptable (it is the lowest-variance gradient estimator).
+Each takes ``nn.Conv``'s arguments and call (channels last, any leading batch
+axes); the kernel becomes ``kernel_loc`` and ``kernel_scale`` with the twin's
+shape and logical axes. ``ConvFlipout`` draws one kernel per example;
+``ConvLocalReparameterization`` samples each output position independently, not
+a per-example kernel. ``Conv`` is the deterministic twin; ``conv_class`` picks by name.
 """
 
 from __future__ import annotations

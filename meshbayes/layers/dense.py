@@ -1,21 +1,10 @@
 """Bayesian drop-ins for ``nn.Dense`` and ``nn.DenseGeneral``, one class per estimator.
 
-``Dense`` and ``DenseGeneral`` here are the deterministic twins with the same
-attributes (T5X-style ``kernel_axes``), so one model code path builds the
-deterministic baseline and the Bayesian model: ``dense_class(estimator)``
-picks the class by name.
-
-Each layer takes its flax twin's constructor arguments and is called the same
-way, tensor in, tensor out; a model swaps ``nn.DenseGeneral`` for
-``DenseGeneralFlipout`` and nothing else changes. The kernel becomes a normal
-posterior, ``kernel_loc`` and ``kernel_scale`` (``stddev = softplus(scale)``),
-both with the deterministic kernel's shape and logical axes. The bias stays
-deterministic unless ``bayesian_bias=True`` (edward2's default too).
-
-Sampling draws from the ``'sample'`` rng stream; ``deterministic=True`` (as
-an attribute or call argument) uses the posterior mean in a single pass. The
-layer's KL is recorded in the ``'losses'`` collection (see
-``meshbayes.layers.kl``), never returned.
+Each takes its flax twin's arguments and call; the kernel becomes ``kernel_loc``
+and ``kernel_scale`` with the twin's shape and logical axes, sampled from the
+``'sample'`` rng (``deterministic=True``: the posterior mean), its KL recorded in
+``'losses'``. ``Dense`` and ``DenseGeneral`` are the deterministic twins;
+``dense_class(estimator)`` picks a class by name.
 """
 
 from __future__ import annotations

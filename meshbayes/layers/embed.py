@@ -1,10 +1,8 @@
 """Bayesian drop-ins for ``nn.Embed``, one class per estimator, and the deterministic twin.
 
-Each looks rows up with ``__call__`` and computes tied output logits with
-``attend`` (``query @ table.T``), as ``nn.Embed`` does. The table becomes
-``embedding_loc`` and ``embedding_scale`` with the deterministic table's shape
-and logical axes. Each call draws its own noise. ``embed_class(estimator)``
-picks the class by name.
+``__call__`` looks rows up and ``attend`` computes tied logits, as ``nn.Embed``;
+the table becomes ``embedding_loc`` and ``embedding_scale``.
+``embed_class(estimator)`` picks the class by name.
 """
 
 from __future__ import annotations

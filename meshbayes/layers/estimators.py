@@ -1,50 +1,11 @@
 """Gradient estimators for linear maps with a factorized normal weight posterior.
 
-Each estimator is a pure function of a PRNG key, a ``contract`` function (the
-layer's linear map, ``contract(inputs, kernel, preferred_element_type=None)``),
-the inputs, the kernel's posterior ``Normal(loc, stddev)`` and optionally a
-Bayesian bias's. All of them give every output the same marginal: mean
-``contract(x, loc) + bias.loc`` and variance ``contract(x * x, stddev^2) +
-bias.stddev^2``. They differ in which outputs share a weight sample, and that
-is more than the variance of the gradient once an example has several
-positions (a sentence's tokens):
-
-- ``reparameterization``: one kernel ``loc + stddev * eps`` (and one bias) per
-  call, shared by the whole batch: every position of every example sees the
-  same weights.
-- ``flipout`` (Wen et al., 2018): one ``eps`` per call, decorrelated by
-  Rademacher signs: ``x @ loc + ((x * s) @ (stddev * eps)) * r``. With signs
-  per example and position (the default) each position of a sentence sees
-  its own pseudo-independent weight sample; with ``shared_axes`` over the
-  positions, each example sees one sample ``loc + stddev * eps * s r^T`` at all
-  its positions.
-- ``local_reparameterization`` (Kingma et al., 2015): samples each
-  pre-activation from its exact Gaussian, independently per example and per
-  position: inherently a sample per position, never a weight sample shared
-  by a sentence.
-- ``conv_flipout``: Flipout for a convolution, signs per example and channel
-  shared over spatial positions, so each example sees one kernel sample.
-
-Per-position noise trains a different objective from the one prediction
-uses: ``sample_weights`` (model-averaged decoding, scoring, the ELBO on
-validation) draws one set of weights per sequence, so the likelihood it
-averages is ``E_w[p(y_1..y_T | x, w)]`` with one ``w`` per sentence, while
-per-position noise averages over a ``w_t`` per token. Reparameterization
-and per-example Flipout train the former.
-
-Compute happens in ``inputs.dtype`` (bf16 allowed). ``loc`` and ``stddev``
-stay in their (float32) dtype until a kernel is formed, so small perturbations
-are not rounded away, and the local reparameterization variance is
-accumulated and square-rooted in float32.
-
-Noise is the estimators' main cost beyond their matmuls where random bits are
-expensive: on CPUs jax lowers its threefry hash as a loop over the whole
-array, five passes through memory, and drawing a normal cost about as much as
-a 1024-long dot product. ``random_words`` computes the same Threefry-2x32 hash
-as one fusible expression and uses both of its outputs (jax's partitionable
-sampler keeps one), ``standard_normal`` builds on it, and ``rademacher``
-unpacks 32 signs from each random word; all three draw each shard of a
-sharded array locally, as jax's samplers do.
+Pure functions of a key, ``contract`` (the layer's linear map), the inputs and
+the kernel's (and a Bayesian bias's) ``Normal`` posterior. All give each output
+the mean ``contract(x, loc)`` and variance ``contract(x * x, stddev^2)``; they
+differ in which outputs share a weight sample (docs/layers.md). Compute is in
+``inputs.dtype``, weight samples are formed in float32. ``random_words``,
+``standard_normal`` and ``rademacher`` are jax's samplers as fusible expressions.
 """
 
 from __future__ import annotations
@@ -252,14 +213,10 @@ def conv_flipout(key: Array, contract: Contract, inputs: Array, kernel: Normal,
                  bias: Normal | None = None, constrain_kernel: Constrain = _identity) -> Array:
   """Flipout for a convolution (channels last): signs per example and channel.
 
-  ``s`` has one sign per example and input channel and ``r`` one per example
-  and output channel, both shared over the spatial positions (TFP's
-  ``Conv2DFlipout`` does the same). Then ``conv(x * s, P) * r = conv(x, P * s r^T)``
-  with ``P = stddev * eps``: each example sees one kernel sample
-  ``loc + P * s r^T``, used at all of its positions, so outputs at two
-  positions of one example are correlated as under that sample, and outputs of
-  different examples are uncorrelated. Signs per position would instead
-  decorrelate the positions of one example, which no weight sample does.
+  ``s`` (per example and input channel) and ``r`` (per example and output
+  channel) are shared over the spatial positions, as in TFP's ``Conv2DFlipout``:
+  each example sees one kernel sample ``loc + stddev * eps * s r^T`` at all of
+  its positions.
 
   Args are those of ``flipout``; ``inputs`` are ``(batch, spatial..., channels)``.
   """
@@ -360,20 +317,12 @@ def regenerating(estimator: Estimator,
                  ) -> Estimator:
   """``estimator`` with its noise drawn again in the backward pass instead of kept.
 
-  Noise is a pure function of the key, so the backward pass recomputes it,
-  and everything computed from it (signs, perturbations, weight samples, the
-  local reparameterization's variance and its square root), from the
-  estimator's arguments; those are all it keeps: the inputs and the
-  posterior's parameters (``loc`` and ``scale``, where the posterior has a
-  scale), which the deterministic layer keeps too, and the key. Outputs and
-  gradients equal the estimator's to float rounding (fused differently). The
-  cost is the forward work done again in the backward pass: the noise, and
-  for local reparameterization the variance's matmul.
-
-  Works for the linear-map estimators (``key, contract, inputs, kernel, bias,
-  constrain_kernel, **options``) and the lookups (``key, ids, table,
-  constrain_table``) alike. ``policy`` is ``jax.checkpoint``'s: what else to keep
-  (e.g. ``save_only_these_names(VARIANCE_NAME)``: memory for the variance's matmul).
+  The backward pass recomputes the noise, and all computed from it, from the
+  key; it keeps only the estimator's arguments (inputs, ``loc``, ``scale``, key),
+  which the deterministic layer keeps too. Outputs and gradients equal the
+  estimator's to float rounding; the cost is that forward work done again.
+  Works for the linear-map estimators and the lookups alike. ``policy`` is
+  ``jax.checkpoint``'s (``save_only_these_names(VARIANCE_NAME)`` keeps the variance).
   """
 
   @functools.wraps(estimator)

@@ -1,42 +1,11 @@
-"""Gaussian process layers: distributions over functions (Section 2 of Tran et al., 2019).
+"""Gaussian process layers (Tran et al., 2019, Section 2): distributions over functions.
 
-Three layers, each with the paper's signature (``units`` output dimensions,
-a kernel and a mean function) and a kernel whose amplitude and lengthscale
-are trainable through ``softplus``:
-
-* ``GaussianProcess``: exact GP regression. Conditioned on
-  ``(conditional_inputs, conditional_outputs)`` it returns the posterior
-  predictive at the call's inputs (TFP's ``GaussianProcessRegressionModel``);
-  without them the prior (TFP's ``GaussianProcess``), whose ``log_prob`` of
-  the outputs is the log marginal likelihood. One GP per output dimension:
-  batch shape ``(units,)``, event shape ``(N,)``. The observation noise
-  variance is a parameter.
-* ``SparseGaussianProcess``: variational inducing points (Titsias, 2009;
-  Hensman et al., 2013) in the whitened parameterization: ``u = L v`` with
-  ``L L^T = K(Z, Z)``, ``q(v) = N(m, S)``, ``S = L_S L_S^T``, one ``(m, L_S)``
-  per output dimension. It returns the marginals of ``q(f(x))``, a
-  ``tfd.Normal`` of shape ``inputs.shape[:-1] + (units,)``, and records
-  ``KL(q(v) || N(0, I))`` like a Bayesian layer's KL (``total_kl``).
-* ``RandomFourierFeatures``: the weight-space view of a GP with the squared
-  exponential kernel (Rahimi & Recht, 2007): fixed random frequencies, then a
-  Bayesian ``Dense`` layer (``DenseReparameterization``, ``DenseFlipout``) on
-  the features. Returns a tensor, the function drawn under one weight sample.
-
-Deep GPs (doubly stochastic variational inference, Salimbeni & Deisenroth,
-2017) are stacks: a layer given a distribution (the previous layer's output)
-draws one reparameterized sample of it from the ``'sample'`` rng, so
-``SparseGaussianProcess(1)(SparseGaussianProcess(5)(x))`` propagates one
-sample per input through the stack, and the last layer's marginals give the
-Gaussian expected log-likelihood in closed form
-(``gaussian_expected_log_likelihood``). With ``deterministic=True`` (or
-during ``init`` without the rng) the input distribution's mean is used.
-
-The math is in pure functions (``make_kernel``, ``whitened_conditional``,
-``whitened_kl``, ``optimal_variational_distribution``,
-``gaussian_expected_log_likelihood``, ``random_fourier_features``); the
-classes create the parameters, with logical axes (defaults ``'mlp'`` for the
-inducing points and random features, the axis a Dense layer's hidden units
-take, and ``'embed'`` for input and output features), and call them.
+``GaussianProcess`` (exact regression: a TFP distribution, ``(units,)`` GPs over
+the ``N`` inputs), ``SparseGaussianProcess`` (whitened inducing points: a
+``tfd.Normal`` of ``q(f(x))``, its KL recorded for ``total_kl``; given a
+distribution it draws one sample, so stacks are deep GPs) and
+``RandomFourierFeatures`` (Bayesian weights on random features: a tensor). The
+math is in pure functions (``whitened_conditional``, ``whitened_kl``, ...).
 """
 
 from __future__ import annotations
@@ -463,11 +432,8 @@ class SparseGaussianProcess(_Kernelized):
     inducing_inputs_init: initializer of ``Z`` (default ``N(0, 1)``, for
       standardized inputs; a subset of the training inputs is better).
     scale_init: the initial diagonal of ``L_S`` (1: ``q(v)`` starts at the
-      prior, KL 0; smaller, e.g. 0.1, for the hidden layers of a deep GP, so
-      the samples they pass on start nearly deterministic. Through softplus,
-      Adam moves a small diagonal about geometrically: from 1e-5, as
-      Salimbeni & Deisenroth start, it takes ~1,000 steps at learning rate
-      0.01 to reach O(1), with a KL of ~11 nats per inducing point and unit meanwhile).
+      prior, KL 0; about 0.1 for a deep GP's hidden layers, whose samples then
+      start nearly deterministic; docs/layers.md on smaller values).
     jitter: added to ``K(Z, Z)``'s diagonal before its Cholesky factor, and the
       floor of the predictive variances.
     deterministic: given a distribution as input, use its mean instead of a

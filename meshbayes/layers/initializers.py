@@ -1,21 +1,7 @@
-"""Initializers for the standard deviation of a weight's normal posterior.
+"""Initializers of a weight posterior's standard deviation (the layer stores ``softplus_inverse``).
 
-A Bayesian layer stores each weight's posterior standard deviation as an
-unconstrained tensor ``*_scale`` with ``stddev = softplus(scale)``. The
-initializers here return the *standard deviation* (positive); the layer stores
-``softplus_inverse`` of it.
-
-Why the default is fan-in scaled: edward2, TFP and bayesian-torch start every
-posterior at a constant ``softplus(-3) = 0.049``. A pre-activation sums
-``fan_in`` products, so its weight noise has standard deviation
-``0.049 * sqrt(fan_in) * |x|`` against a signal of about ``|x|`` under a
-fan-in scaled mean: the noise is 1.6 times the signal at ``fan_in = 1024`` and
-12 times at the paper's ``d_ff = 65536``, and training starts from noise.
-``fan_in_stddev(ratio)`` sets ``stddev = ratio / sqrt(fan_in)``: the weight
-noise is ``ratio`` times the scale of a LeCun-normal mean, at every width. The
-default ``ratio = 0.1`` starts each pre-activation at a signal-to-noise ratio of
-10, small enough to train like the deterministic twin and large enough for the
-scales to move.
+The default, ``fan_in_stddev(0.1)``, is ``0.1 / sqrt(fan_in)``: weight noise a
+tenth of a LeCun-normal mean's scale at every width (docs/layers.md says why).
 """
 
 from __future__ import annotations

@@ -1,28 +1,9 @@
 """Where layers record their KL divergence, and how a loss must scale it.
 
-Every Bayesian layer computes the KL divergence of its posterior from its
-prior (summed over all of its weights, in float32) and records it with
-``self.sow(KL_COLLECTION, KL_NAME, kl)``. The layer records one value per
-layer however often it is called in one ``apply``: the KL belongs to the
-weights, not to the call. It is computed only when the collection is mutable::
-
-  outputs, state = model.apply(variables, x, rngs={'sample': key},
-                               mutable=[KL_COLLECTION])
-  kl = total_kl(state)
-
-How to scale it (the negative ELBO per unit of data):
-  For a training set of ``D`` units the negative ELBO is
-  ``sum_d NLL_d + KL``. A minibatch estimate of it per unit is::
-
-    loss = mean NLL over the batch's units + kl_weight * KL / D
-
-  where the *unit* is whatever the NLL is averaged over: if the loss averages
-  the NLL over target tokens, ``D`` is the number of target tokens in the
-  training set (one epoch); if it averages over examples (each example's NLL
-  summed over its tokens), ``D`` is the number of training examples. ``D`` is
-  never the batch size or the number of steps. ``kl_weight = 1`` is the true
-  ELBO; anneal it from 0 to 1 early in training, or set it below 1 for a
-  tempered posterior. ``kl_penalty`` computes this term.
+Each Bayesian layer sows its KL (summed over its weights, float32, once per
+layer per ``apply``) as ``KL_NAME`` in ``KL_COLLECTION`` when that collection is
+mutable; ``total_kl`` sums a model's. The loss adds ``kl_penalty(kl, D)``, ``D``
+the training set's units the NLL averages over (tokens or examples), never the batch size.
 """
 
 from __future__ import annotations

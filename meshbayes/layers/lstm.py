@@ -1,24 +1,9 @@
-"""Bayesian drop-ins for ``nn.LSTMCell``, one class per estimator.
+"""Bayesian drop-ins for ``nn.LSTMCell``, one class per estimator, and the ``RNN`` that scans them.
 
-A cell holds flax's eight dense maps (``ii``, ``if``, ``ig``, ``io`` on the
-input, without bias; ``hi``, ``hf``, ``hg``, ``ho`` on the hidden state, with
-the bias), each a Bayesian ``Dense`` of the cell's estimator, so priors, the
-recorded KL, MOPED and ``sample_weights`` work as for Dense layers.
-
-One weight sample per sequence, held fixed over the time steps (Fortunato et
-al., 2017; the Bayesian Layers paper's Figure 1): a cell's noise comes from
-its ``'sample'`` rng, so scanning it with that rng *not* split over time gives
-every step the same weights; applying the cell once per step with the same
-rngs does too (calling it twice inside one ``apply`` draws twice, as flax
-advances the rng). Reparameterization draws one sample per call (shared by
-the batch), Flipout one per example. Local reparameterization samples
-pre-activations, not weights, so it has no LSTM cell here.
-
-Scan the cells with ``RNN`` below: ``nn.RNN`` with ``split_rngs={'params':
-False, 'sample': False}`` and the cell's KL recorded. A plain ``nn.RNN``
-splits only the ``'params'`` rng (the cell then raises for want of a
-``'sample'`` rng) and does not lift the KL collection through its scan, so the
-KL would be silently missing from ``total_kl``.
+A cell's eight dense maps are Bayesian ``Dense`` layers of its estimator. Scan
+with ``RNN`` (``nn.RNN`` with the ``'sample'`` rng unsplit and the KL recorded)
+so a sequence keeps one weight sample at every step; a plain ``nn.RNN`` raises
+for want of a ``'sample'`` rng and drops the KL.
 """
 
 from __future__ import annotations

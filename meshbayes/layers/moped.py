@@ -1,9 +1,6 @@
-"""MOPED: a Bayesian model's posterior initialized from a deterministic model's weights.
+"""MOPED (Krishnan et al., 2020): a Bayesian model's posterior started from a deterministic model.
 
-Krishnan et al. (2020), "Specifying Weight Priors in Bayesian Deep Neural
-Networks with Empirical Bayes": posterior means are the trained deterministic
-weights and posterior standard deviations ``delta * |w|``. This is how a
-Bayesian model starts from a deterministic checkpoint.
+Posterior means are the trained weights, standard deviations ``delta * |w|``.
 """
 
 from __future__ import annotations

@@ -1,54 +1,10 @@
 """Inhomogeneous Poisson process on a box: a Cox process's output layer (Tran et al., 2019, Fig. 8).
 
-A point pattern ``X = {x_1, ..., x_n}`` in the box ``B = [low, high]`` (1-D,
-2-D, any ``d``; the quadrature grid has ``quadrature_order ** d`` nodes) with
-intensity ``rate(x) > 0`` has the (standard Poisson-process) log-likelihood::
-
-  log p(X) = sum_i log rate(x_i) - integral_B rate(x) dx
-
-the log of the density of the points against Lebesgue measure ``dx_1 ... dx_n`` (so a
-unit rate gives ``-|B|`` for any ``X``). The log density against the unit-rate process, a
-likelihood ratio, would be ``|B|`` (the box's volume) higher.
-
-``PoissonProcessDistribution`` holds the rate as a function of locations
-``(..., d) -> (...)`` and is TFP-shaped but pure JAX (no TensorFlow import):
-
-* ``integrated_rate()``: the integral by a tensor-product quadrature rule,
-  ``quadrature='gauss_legendre'`` (default; ``n = quadrature_order`` nodes per
-  axis, exact for polynomials of degree ``2 n - 1`` in each coordinate, so for
-  smooth rates the error falls faster than any power of ``1 / n``) or
-  ``'midpoint'`` (``n`` equal cells per axis, error ``O(n^-2)``: a quarter
-  when ``n`` doubles, for rates with continuous second derivatives).
-* ``log_prob(points, mask)``: point sets padded to a fixed size, ``points``
-  ``(..., N, d)`` with ``mask`` ``(..., N)`` (True: a real point), one number
-  per set; ``-inf`` if a real point lies outside the box. The rate is called
-  once, at the points and the quadrature nodes together. Each term involves
-  one location, so with a stochastic rate drawing one value per location (a
-  sparse GP's marginals) it is an unbiased estimate of ``E_q[log p(X)]``,
-  the expected log-likelihood of a Cox process's ELBO.
-* ``sample(key, sample_shape)``: thinning (Lewis & Shedler, 1979): a
-  homogeneous process of rate ``bound >= max rate`` (``Poisson(bound |B|)``
-  uniform proposals), each kept with probability ``rate(x) / bound``.
-  Fixed-size outputs, so it jits: ``points`` ``(*sample_shape, max_points,
-  d)`` and ``mask``, the kept points first. ``rate_bound`` gives the bound;
-  ``None`` estimates it as ``rate_bound_margin`` (1.5) times the largest rate
-  on a uniform grid of ``2 * quadrature_order + 1`` points per axis (edges
-  included): exact sampling needs the true maximum below it, which the margin
-  covers for rates smooth at the grid's scale. Where the rate exceeds the
-  bound (a peak narrower than the grid's spacing) the proposals there are all
-  kept, so the sample has too few points there: ``sample_with_diagnostics``
-  also returns ``ThinningDiagnostics``, the count of such proposals per
-  sample, and its ``check_bound()`` raises if any. Proposals beyond
-  ``max_points`` are dropped (``truncation_probability()`` says how often).
-  The rate is taken as a fixed function: a stochastic one (a GP's marginal
-  samples) must be fixed first, e.g. to its posterior mean.
-
-``PoissonProcess`` is the flax layer: its ``rate`` is a flax module (or any
-function) of the locations, a child of the layer, and calling the layer
-returns the distribution of that rate. A flax rate's parameters are bound only
-inside ``apply``: evaluate ``log_prob`` and ``sample`` there (the example uses
-``apply(..., method=...)``), or build ``PoissonProcessDistribution`` directly
-from a pure rate function.
+``PoissonProcessDistribution`` (pure JAX, TFP-shaped) holds a rate function
+``(..., d) -> (...)``: ``log_prob(points, mask)`` of padded point sets
+(``sum_i log rate(x_i) - integral_B rate``, the integral by quadrature),
+``sample`` by thinning, ``integrated_rate``. ``PoissonProcess`` is the flax
+layer of a rate module; evaluate its distribution inside ``apply``.
 """
 
 from __future__ import annotations

@@ -1,22 +1,9 @@
 """One protocol for every posterior a predictive reads, and the registry of its kinds.
 
-A predictive (the posterior mean, the model average of ``S`` members) needs
-five things of a posterior over a model's weights, whatever holds it: the
-weights at its mean, one member's weights, the keys of ``S`` members, what
-else applying a member takes (MC dropout's rngs), and which leaves differ
-between members. ``Posterior`` names them. Its kinds: ``LayerWeights`` (a
-model's ``params`` as trained: point weights, or Bayesian layers holding
-``w_loc``/``w_scale``), and the posteriors held outside the layers,
-``WeightPosterior`` (IVON's), ``Ensemble`` and ``MCDropout``. A new kind is a
-class with these members and one ``register_kind``; evaluation, scoring and
-decoding take any registered kind in place of ``params`` (``as_posterior``).
-
->>> params = {'dense': {'kernel_loc': jax.numpy.zeros(2),
-...                      'kernel_scale': jax.numpy.full(2, -30.0)}}
->>> as_posterior(params).member_keys(jax.random.key(0), 3).shape
-(3,)
->>> as_posterior(Ensemble.stack([params, params])).member_keys(jax.random.key(0), 3)
-Array([0, 1], dtype=int32)
+``Posterior`` names what a predictive needs: mean weights, one member's weights,
+the keys of ``S`` members, a member's ``apply`` options and which leaves differ.
+Kinds: ``LayerWeights`` (``params`` as trained), ``WeightPosterior``, ``Ensemble``,
+``MCDropout``; a new kind is a class with these members and one ``register_kind``.
 """
 
 from __future__ import annotations
@@ -122,7 +109,15 @@ def kinds() -> tuple[type, ...]:
 
 def as_posterior(params: Any) -> Posterior:
   """``params`` as a ``Posterior``: a registered kind as it is, a parameter tree as
-  ``LayerWeights``."""
+  ``LayerWeights``.
+
+  >>> params = {'dense': {'kernel_loc': jax.numpy.zeros(2),
+  ...                      'kernel_scale': jax.numpy.full(2, -30.0)}}
+  >>> as_posterior(params).member_keys(jax.random.key(0), 3).shape
+  (3,)
+  >>> as_posterior(Ensemble.stack([params, params])).member_keys(jax.random.key(0), 3)
+  Array([0, 1], dtype=int32)
+  """
   return params if type(params) in _KINDS else LayerWeights(params)
 
 

@@ -1,18 +1,9 @@
-"""Priors over weights and the KL divergence of a normal posterior from them.
+"""Priors over a weight tensor's i.i.d. elements, and the KL of a normal posterior from them.
 
-A prior describes one weight tensor whose elements are independent and
-identically distributed. ``Prior.kl`` returns the KL divergence of the
-factorized normal posterior ``N(loc, stddev^2)`` from the prior, summed over
-all elements, in float32: in closed form where one exists, by Monte Carlo
-otherwise.
-
-Priors are frozen dataclasses, so they are hashable and can be layer
-attributes or gin-configured values. A prior may be scaled by the fan-in of the
-tensor it is put on (``fan_in_scaled``), as LeCun initialization scales the
-weights: a layer passes each tensor's fan-in to ``for_fan_in`` before ``kl``. A
-prior with trainable parameters (empirical Bayes) lists their initial
-unconstrained values in ``trainable_init``; the layer creates them as parameters
-named ``<weight>_prior_<name>`` and passes them back to ``kl``.
+``Prior.kl`` sums the KL over the tensor in float32 (closed form where one
+exists, else Monte Carlo). Priors are frozen dataclasses (layer attributes, gin
+values); ``for_fan_in`` scales a ``fan_in_scaled`` prior per tensor, and
+``trainable_init`` names the parameters ``<weight>_prior_<name>`` a layer creates.
 """
 
 from __future__ import annotations

@@ -1,45 +1,10 @@
 """Stochastic output layers: tensor in, TensorFlow Probability distribution out.
 
-Each layer (Section 2 of Tran et al., 2019) reads a distribution's
-parameters off its input's last axis and returns the distribution, a
-``tfp.distributions`` object of TFP's JAX substrate, so a model's likelihood
-is ``layer(h).log_prob(y)``. With ``units`` set, a ``Dense`` projection
-(``kernel_axes``/``bias_axes`` logical axes, like every Dense layer here)
-first maps the input to the parameters; with ``units=None`` the input
-already holds them. Distributions are elementwise (no ``Independent``):
-``log_prob`` returns one number per element; sum over the event axes you mean.
-
-============================  ==================================  ===================
-layer                         last axis of the (projected) input  batch shape
-============================  ==================================  ===================
-``Normal``                    ``2 d``: loc, raw scale (softplus)  ``(..., d)``
-``Categorical``               ``k`` logits                        ``(...)``
-``Bernoulli``                 ``d`` logits                        ``(..., d)``
-``Poisson``                   ``d`` log rates                     ``(..., d)``
-``MixtureLogistic``           ``3 K``: logits, locs, raw scales   ``(...)``
-``MixtureNormal``             ``3 K``: logits, locs, raw scales   ``(...)``
-============================  ==================================  ===================
-
-For the mixtures ``units=d`` projects to ``(..., d, 3 K)``, batch shape
-``(..., d)``. ``log_prob``, ``sample``, ``mean`` and ``entropy`` are TFP's,
-except that TFP has no mixture entropy (no closed form): ``entropy`` of a
-mixture raises ``NotImplementedError``; ``monte_carlo_entropy`` estimates it.
-
-``discretize`` (and the ``Discretize`` layer) integrates a continuous
-distribution over unit bins centred on the integers ``low..high`` (the
-paper's footnote; Salimans et al., 2017's discretized logistic mixture)::
-
-  P(x) = CDF(x + 1/2) - CDF(x - 1/2),   low < x < high,
-  P(low) = CDF(low + 1/2),  P(high) = 1 - CDF(high - 1/2)   (edges absorb the tails),
-
-as ``tfd.QuantizedDistribution`` of the distribution shifted by ``-1/2``,
-which evaluates these differences from ``log_cdf`` and
-``log_survival_function`` in log space (accurate in both tails). A mixture is
-discretized per component and re-mixed (the mixture of the discretized
-components is the discretized mixture, and each component keeps its
-log-space CDFs). Quantized distributions have no ``mean`` or ``entropy`` in
-TFP; over finitely many bins ``bin_log_probs`` gives them exactly
-(``discrete_mean``, ``discrete_entropy``).
+Each reads a distribution's parameters off its input's last axis (projected to
+them by a ``Dense`` when ``units`` is set) and returns an elementwise
+``tfp.distributions`` object: ``layer(h).log_prob(y)`` per element. ``Discretize``
+bins a distribution on the integers; TFP gives neither a mixture's ``entropy``
+(``monte_carlo_entropy``) nor a binned one's moments (``discrete_mean``, ``discrete_entropy``).
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""What every Bayesian layer does the same way: its variational parameters,
-their logical axes, the ``'sample'`` rng and the recorded KL.
+"""What every Bayesian layer does the same way: its variational parameters, their axes, the KL.
 
-A weight ``w`` of a deterministic layer becomes two parameters, ``w_loc`` and
-``w_scale`` (``stddev = softplus(w_scale)``), created with the same shape and
-the same partitioning metadata the deterministic parameter would carry: the
-logical axes come from the layer's ``*_axes`` attribute (T5X style) or from a
-boxed initializer (``nn.with_logical_partitioning``, as a flax ``nn.Dense`` is
-annotated), and both routes give identical boxes.
+A weight ``w`` becomes ``w_loc`` and ``w_scale`` (``stddev = softplus(w_scale)``)
+with the deterministic parameter's shape and logical axes, from ``*_axes``
+(T5X style) or a boxed initializer (flax style); both give identical boxes.
 """
 
 from __future__ import annotations

@@ -1,31 +1,9 @@
-"""Sparse variational dropout: ``DenseVariationalDropout`` and ``ConvVariationalDropout``.
+"""Sparse variational dropout (Molchanov et al., 2017) for ``nn.Dense`` and ``nn.Conv``.
 
-Variational dropout (Kingma et al., 2015) with the additive noise
-reparameterization and the log-uniform prior's KL approximation of Molchanov
-et al. (2017), "Variational Dropout Sparsifies Deep Neural Networks". Each
-weight is ``w = theta * (1 + sqrt(alpha) * eps)``, written as
-``w = theta + sigma * eps`` with ``sigma^2`` a free parameter, so the
-gradient in ``theta`` does not carry the noise of a large ``alpha``:
-
-- parameters: ``kernel_loc`` (``theta``, the twin's kernel: MOPED and
-  ``moped_params`` start it from a trained one) and ``kernel_log_sigma2``,
-  both with the kernel's shape and logical axes; a deterministic ``bias``.
-- ``log alpha = log sigma^2 - log theta^2``, clipped to [-10, 10] as in the
-  reference code (finite at ``theta = 0``; the KL's gradient stops outside).
-- forward: local reparameterization, each output drawn from
-  ``N(x @ theta + b, (x * x) @ sigma^2)`` (for a convolution, ``conv`` in
-  place of ``@``; outputs of different positions are uncorrelated).
-- KL from the log-uniform prior ``p(|w|) ~ 1 / |w|``, per weight
-  ``k1 - k1 * sigmoid(k2 + k3 log alpha) + 0.5 log(1 + 1 / alpha)`` with
-  ``k1, k2, k3 = 0.63576, 1.87320, 1.48695``: 0 as ``alpha -> inf`` (a
-  dropped weight costs nothing). Recorded in the ``'losses'`` collection like
-  every Bayesian layer's.
-- evaluation (``deterministic=True``): the weights with ``log alpha >=
-  threshold`` (3: dropout rate above 0.95) are dropped and the rest used at
-  ``theta``; ``sparsity`` reports the fraction dropped.
-
-``LogUniformPrior`` is the same KL as a ``Prior``: any Bayesian layer can take
-it (``prior=LogUniformPrior()``).
+Parameters ``kernel_loc`` (``theta``) and ``kernel_log_sigma2``; outputs drawn by
+local reparameterization; the log-uniform prior's KL recorded like every
+Bayesian layer's; at evaluation weights with ``log alpha >= threshold`` are
+dropped (``sparsity``). ``LogUniformPrior`` is that KL as a ``Prior``.
 """
 
 from __future__ import annotations

@@ -1,29 +1,10 @@
-"""Vector quantization (van den Oord et al., 2017, "Neural Discrete Representation Learning").
+"""Vector quantization (van den Oord et al., 2017): VQ-VAE's bottleneck.
 
-``VectorQuantizer`` replaces each vector along the input's last axis by its
-nearest codebook entry and passes the gradient straight through to the
-input. The two auxiliary losses of the paper's objective are recorded as side
-effects, like a Bayesian layer's KL (``meshbayes.layers.kl``): in the
-``VQ_LOSS_COLLECTION`` (``'losses'``, the KL's collection, so a trainer that
-already makes it mutable collects them) under ``'vq_codebook'`` and
-``'vq_commitment'``; ``total_kl`` ignores them and ``total_vq_loss`` sums
-them::
-
-  y, state = model.apply(variables, x, mutable=[VQ_LOSS_COLLECTION])
-  loss = reconstruction_loss(y) + total_vq_loss(state)
-
-Each loss is a mean over all of the input's elements (the batch, positions
-and embedding dimension), so its scale does not depend on the batch size:
-
-* codebook loss ``mean((sg(x) - q)^2)``: moves the used entries towards the
-  encoder outputs (absent with EMA updates, which move them instead);
-* commitment loss ``beta * mean((x - sg(q))^2)``: keeps the encoder close to
-  the codebook.
-
-The code indices are sown into ``'intermediates'`` as ``'codes'`` (shape of
-the input without its last axis; ``apply(..., mutable=['intermediates'])``);
-``quantize`` and ``code_usage`` are the pure functions behind the layer and
-its usage statistics.
+``VectorQuantizer`` replaces each vector of the last axis by its nearest
+codebook entry, gradient straight through; it records the codebook and
+commitment losses (means over all elements) in ``VQ_LOSS_COLLECTION``, the KL's
+collection, for ``total_vq_loss`` (``total_kl`` ignores them), and sows the codes
+into ``'intermediates'``. ``quantize`` and ``code_usage`` are the pure functions.
 """
 
 from __future__ import annotations
@@ -116,18 +97,10 @@ class VectorQuantizer(nn.Module):
   (distances and losses in float32). The
   codebook is trained either by gradient, through the recorded codebook loss
   (``ema=False``: the parameter ``params/codebook``), or by exponential moving
-  averages (``ema=True``, the paper's Appendix A.1): the variables
-  ``vq_stats/{codebook, cluster_size, embed_sum}``, updated when that
-  collection is mutable and ``deterministic`` is False. With ``decay`` gamma,
-  counts ``n_i`` and sums ``s_i`` of the vectors assigned to entry ``i``::
-
-    N_i <- gamma N_i + (1 - gamma) n_i,   m_i <- gamma m_i + (1 - gamma) s_i,
-    e_i <- m_i / N~_i,   N~_i = (N_i + epsilon) / (sum_j N_j + k epsilon) * sum_j N_j
-
-  (``N~`` Laplace-smoothed, so an unused entry's division stays finite). The
-  statistics start at ``N_i = 1``, ``m_i = e_i`` (the initial codebook), so an
-  unused entry stays where it is rather than collapsing to 0 as with zero
-  starts.
+  averages (``ema=True``, the paper's Appendix A.1; the update is in
+  docs/layers.md): the variables ``vq_stats/{codebook, cluster_size,
+  embed_sum}``, updated when that collection is mutable and ``deterministic``
+  is False.
 
   Example:
 

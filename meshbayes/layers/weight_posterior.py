@@ -1,17 +1,9 @@
 """Posteriors held outside the layers: IVON's diagonal Gaussian, a deep ensemble, MC dropout.
 
-Bayesian layers keep their posterior in the parameters (``w_loc``,
-``w_scale``); a deterministic model trained by variational learning
-(``meshbayes.training.ivon``) keeps it beside them: its parameters are the mean and the
-optimizer's state gives the stddev. ``WeightPosterior`` is that posterior in
-the form evaluation takes in place of ``params``; ``Ensemble`` and ``MCDropout``
-take that place too. Each implements ``posteriors.Posterior``, the protocol
-every predictive reads, so scoring, model-averaged decoding and the
-uncertainty measures run unchanged whatever the kind.
-
->>> posterior = WeightPosterior(mean={'w': jnp.zeros(3)}, stddev={'w': jnp.full(3, 1e-9)})
->>> bool(jnp.allclose(posterior.sample(jax.random.key(0))['w'], 0.0, atol=1e-6))
-True
+A model trained by variational learning (``meshbayes.training.ivon``) keeps its
+posterior beside its parameters; ``WeightPosterior``, ``Ensemble`` and
+``MCDropout`` each implement ``posteriors.Posterior``, so evaluation takes them
+in place of ``params`` and every predictive runs unchanged.
 """
 
 from __future__ import annotations
@@ -76,6 +68,10 @@ class WeightPosterior(NamedTuple):
   """``N(mean, stddev^2)`` per weight; a weight sample is ``mean + stddev * eps``.
 
   A pytree: ``jit`` takes it as ``params`` are taken, shardings included.
+
+  >>> posterior = WeightPosterior(mean={'w': jnp.zeros(3)}, stddev={'w': jnp.full(3, 1e-9)})
+  >>> bool(jnp.allclose(posterior.sample(jax.random.key(0))['w'], 0.0, atol=1e-6))
+  True
   """
 
   mean: Any

@@ -1,12 +1,8 @@
-"""Evaluation metrics: calibration, BLEU, OOD AUROC, error detection, bootstrap intervals
-and reliability diagrams.
+"""Evaluation metrics: calibration, BLEU, OOD detection, error detection, bootstrap intervals,
+reliability diagrams, and the registry of measure names (``measures``).
 
-Pure functions without TensorFlow. The token calibration definitions are stated in
-``meshbayes.metrics.calibration``, the sequence-level ones in
-``meshbayes.metrics.sequence_calibration``; error detection (prediction rejection
-ratio) in ``meshbayes.metrics.rejection``; intervals in ``meshbayes.metrics.bootstrap``.
-``meshbayes.metrics.measures`` is the registry of every figure and uncertainty measure by
-name (label, direction, level, display). matplotlib is imported only when a diagram is drawn.
+Pure functions without TensorFlow; matplotlib is imported only when a diagram is drawn.
+How each measure is computed: docs/measures.md.
 """
 
 from meshbayes.metrics import measures

@@ -1,20 +1,9 @@
-"""BLEU on detokenized text, through sacrebleu, with one or several references per output.
+"""BLEU on detokenized text through sacrebleu, with one or several references per output.
 
-Scoring strings is offline: sacrebleu downloads only test sets, which these
-wrappers never ask for. Corpus BLEU uses sacrebleu's defaults (``13a``
-tokenization, exponential smoothing, mixed case); report it with its
-signature. Sentence BLEU uses sacrebleu's ``sentence_bleu`` settings
-(``exp`` smoothing, effective n-gram order), 0 to 100.
-
-References. Each output has one reference (a string) or several (a sequence of
-strings, as many as that output has: a source with several translations is
-one item scored against all of them, BLEU's multi-reference definition:
-n-gram counts clipped by the most in any one reference, the closest reference
-length for the brevity penalty).
-
-Bootstrap. ``bleu_statistics`` returns each output's sufficient statistics
-(lengths, n-gram matches and totals); corpus BLEU of any resample of the
-outputs is ``bleu_from_statistics`` of their sum, without tokenizing again.
+Offline: sacrebleu downloads only test sets, which these wrappers never ask for. Corpus
+BLEU uses sacrebleu's defaults (report it with its signature), sentence BLEU its
+``sentence_bleu`` settings, 0 to 100. ``bleu_statistics`` gives each output's sufficient
+statistics, so a resample's corpus BLEU is ``bleu_from_statistics`` of their sum.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Bootstrap intervals over test items, and paired differences between two predictives.
 
-A statistic is a function of index arrays, one per group of items (one group:
-the test sources; two: in-distribution and out-of-distribution inputs, each
-resampled within itself), returning named figures. Its estimate is its value
-on every item once; its interval the percentile interval of its values on
-``num_resamples`` resamples drawn with replacement (a fixed seed, so every
-statistic, and both sides of a paired difference, see the same resamples).
-A paired difference ``a - b`` evaluates both statistics on each resample:
-the noise the two share (which items happen to be easy) cancels. A figure
-that is NaN on a resample (an AUROC of a resample with one class) is left out
-of that figure's interval.
+A statistic maps index arrays, one per group of items (each group resampled within
+itself), to named figures. Every statistic sees the same resamples (a fixed seed), so a
+paired difference ``a - b`` cancels the noise both share. A figure that is NaN on a
+resample is left out of its interval.
 """
 
 from __future__ import annotations

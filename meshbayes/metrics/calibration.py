@@ -1,47 +1,10 @@
-"""Calibration metrics: every definition meshbayes uses, in one place.
+"""Token-level calibration under teacher forcing (top-label ECE, weighted ECE, Brier, NLL,
+accuracy) and the equal-width bins every ECE of meshbayes uses.
 
-Bins. ``B`` equal-width bins on ``[0, 1]`` (default ``B = 15``). A confidence
-``c`` falls in bin ``min(floor(c * B), B - 1)``, so bin ``b`` holds
-``[b/B, (b+1)/B)`` and the last bin also holds ``c = 1``. ``floor(c * B)`` is
-computed in the dtype of ``c``: a confidence at a bin edge can land on either
-side by rounding.
-
-Weights. Every sum below is weighted by a per-token (or per-sequence) weight
-``w_i`` (usually the 0/1 padding mask), and ``N = sum_i w_i``.
-
-Token level, under teacher forcing (Kumar & Sarawagi, 2019, "Calibration of
-encoder decoder models for neural machine translation"). For each target
-token ``i`` with reference label ``y_i`` the model gives a distribution
-``p_i`` over the vocabulary.
-
-- Top-label ECE. Confidence ``c_i = max_y p_iy``; correct
-  ``a_i = 1[argmax_y p_iy == y_i]``; tokens binned by ``c_i``::
-
-    ECE = sum_b (n_b / N) |acc_b - conf_b| = (1/N) sum_b |sum_{i in b} w_i (a_i - c_i)|
-
-  with ``n_b = sum_{i in b} w_i``, ``acc_b`` and ``conf_b`` the weighted means
-  of ``a_i`` and ``c_i`` in bin ``b``.
-- Weighted ECE (Kumar & Sarawagi's weighted calibration error over the whole
-  distribution). Every (token ``i``, label ``y``) pair is placed in the bin of
-  ``p_iy``::
-
-    wECE = (1/N) sum_b | sum_{(i, y): p_iy in b} w_i p_iy (1[y == y_i] - p_iy) |
-
-  ``N`` counts tokens, not pairs. Each pair is weighted by its own
-  probability, so the vocabulary's many near-zero entries contribute almost
-  nothing. Kumar & Sarawagi define the error this way; details such as the bin
-  count and the handling of padding may differ from their code.
-- Brier score: ``(1/N) sum_i w_i sum_y (p_iy - 1[y == y_i])^2`` (the sum over
-  the vocabulary, not the mean; ranges over ``[0, 2]``).
-- NLL: ``(1/N) sum_i w_i (-log p_{i, y_i})`` in nats; accuracy:
-  ``(1/N) sum_i w_i a_i``.
-
-Sequence level, on decoded outputs judged by exact match: see
+``token_calibration_statistics`` runs on device (jit-friendly) and returns additive sums:
+add them over batches (``sum_statistics``) and turn the total into figures with
+``token_calibration_metrics`` (numpy). Definitions: docs/measures.md; sequence level:
 ``meshbayes.metrics.sequence_calibration``.
-
-Token statistics are computed on device (``jax.numpy``, inside a jitted eval
-step) as additive sums: sum them over batches (``sum_statistics``) and turn
-the total into metrics with ``token_calibration_metrics`` (numpy).
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """Equivalence-class sequence confidence: the predictive's probability of the outputs
 equivalent to a decoded output ``y``, and whether a reference is equivalent to ``y``.
 
-For an equivalence fixed in advance (``EQUIVALENCES``: ``exact``, ``chrf++>=0.9``,
-``chrf++>=0.8``) and ``K <= MAX_SAMPLES`` ancestral samples fixed in advance,
-``equivalence_confidence`` returns ``c(y) = p(y) + sum_z p(z)`` over the distinct samples
-``z`` other than ``y`` equivalent to ``y``, clipped to at most 1, with ``p = exp(log p)``
-the predictive's sequence probabilities. It is a lower bound on the probability of
-``y``'s class: each distinct output is counted once, ``y`` is not counted twice, and
-equivalent outputs never sampled are missing (over the draws of the samples, ``E[c(y)] =
-p(y) + sum_{z ~ y, z != y} p(z) (1 - (1 - p(z))^K)``). Its label is
-``equivalent_to_reference`` (any reference equivalent to ``y``) or the fraction of the
-references equivalent to ``y`` (``equivalent_reference_counts``, as
-``sequence_labels.reference_match_counts``: with references drawn from the true
-translation distribution, the fraction is unbiased for the true probability of the
-class). Exact equivalence is ``sequence_calibration.normalize_for_match`` equality;
-chrF++ is sacrebleu's ``CHRF(word_order=2)`` on the normalized forms, in ``[0, 1]``,
-averaged over both directions (``chrf_pp``). Bad input raises a one-line ``ValueError``.
+``equivalence_confidence`` gives ``c(y) = p(y)`` plus the probabilities of the distinct
+samples equivalent to ``y`` (clipped to 1): a lower bound on the probability of ``y``'s
+class. Equivalences (``EQUIVALENCES``): ``exact`` (``normalize_for_match`` equality),
+``chrf++>=0.9`` and ``chrf++>=0.8`` (``chrf_pp``, symmetric); at most ``MAX_SAMPLES``
+samples. Labels: ``equivalent_to_reference`` or ``equivalent_reference_counts``. Bad input
+is a one-line ``ValueError``. Definitions: docs/uncertainty.md, "The measures".
 """
 
 from __future__ import annotations
@@ -150,15 +141,11 @@ def equivalence_confidence(output: str, output_log_prob: float, samples: Sequenc
                            distinct: str = DISTINCT_OUTPUTS) -> float:
   """``c(y) = p(y) + sum_z p(z)``, clipped to 1: a lower bound on ``y``'s class probability.
 
-  The sum runs over the distinct samples ``z`` equivalent to ``y`` other than ``y``: with
-  ``distinct=DISTINCT_OUTPUTS`` (the default), distinct strings, so another spelling of
-  ``y``'s normalized form is a different output of ``y``'s class and is added; with
-  ``DISTINCT_FORMS``, distinct ``normalize_for_match`` forms, and no sample of ``y``'s
-  form is added (then the ``exact`` confidence is ``p(y)`` itself). A sample drawn several
-  times counts once (with the largest of its log-probabilities), and a sample equal to
-  ``y`` is not added again. Every term is the probability of a different output of ``y``'s
-  class, so ``p(y) <= c(y) <= P(class of y)`` (up to rounding, hence the clip): the
-  outputs of the class that were not sampled are missing.
+  The sum runs over the distinct samples ``z`` equivalent to ``y`` other than ``y``:
+  distinct strings (``DISTINCT_OUTPUTS``, the default: another spelling of ``y``'s form is
+  added) or distinct ``normalize_for_match`` forms (``DISTINCT_FORMS``: none of ``y``'s
+  form is added, so the ``exact`` confidence is ``p(y)``). A repeated sample counts once
+  (its largest log-probability). So ``p(y) <= c(y) <= P(class of y)``, up to rounding.
 
   Args:
     output: ``y``, the decoded output.

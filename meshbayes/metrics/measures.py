@@ -1,24 +1,11 @@
-"""The registry of evaluation measures: every figure an evaluation reports and every
-uncertainty measure it scores outputs by, each named once.
+"""The registry of evaluation measures: every reported figure (``FIGURE``) and every
+uncertainty measure (``UNCERTAINTY``, higher = more uncertain; it ranks outputs for error
+detection and inputs for OOD detection), each named once with its label, direction,
+level, display and definition; and the selections reports show, in their order.
 
-Each entry (``Measure``) says what its name means: the label tables show, which way it
-improves, its level, its kind (a reported ``FIGURE``, or an ``UNCERTAINTY`` score that
-ranks outputs for error detection and inputs for OOD detection; higher means more
-uncertain for every one), how tables scale and format it, and a one-line definition.
-
-Figures computed per uncertainty measure form families named ``<family>_<measure>``:
-``prr_`` (error detection), ``auroc_`` and ``fpr95_`` (OOD detection). ``family_name``
-builds such a name and ``get`` reads one back; no other module spells the pattern.
-The equivalence-class confidence (``metrics.equivalence``) has, per equivalence, a figure
-mirroring each exact-match calibration figure, registered as ``equivalence_<slug>_<figure>``
-(``equivalence_figure`` names one).
-
-The tuples at the end are the selections reports show, in their order (the run table's
-rows, the headline rows, the error-detection and OOD measures). A new figure or measure
-is one entry here, plus its place in a selection if a report is to show it.
-
-Contract: pure data and pure functions, no imports of the project: any module may read
-it. An unknown name is a ``ValueError`` of one line naming it and the valid names.
+Per-measure families are ``prr_``, ``auroc_``, ``fpr95_`` + measure (``family_name``) and
+``equivalence_<slug>_<figure>`` (``equivalence_figure``); no other module spells them.
+Pure data, no project imports; an unknown name is a one-line ``ValueError``.
 
 >>> get("token_ece").direction, get("token_ece").level
 ('lower', 'token')

@@ -1,7 +1,5 @@
-"""Out-of-distribution detection: AUROC and FPR at 95% TPR of uncertainty scores.
-
-Higher scores should mean "more likely out of distribution" (e.g. predictive
-entropy or mutual information, which the model computes).
+"""Out-of-distribution detection: AUROC and FPR at 95% TPR of uncertainty scores, higher
+meaning "more likely out of distribution".
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
-"""Error detection by rejection: does an uncertainty measure find the bad outputs?
+"""Error detection by rejection (Malinin & Gales, ICLR 2021, Section 5): does an uncertainty
+measure find the bad outputs?
 
-Malinin & Gales (ICLR 2021), Section 5. Outputs are rejected in order of
-decreasing uncertainty and handed to an oracle that makes no error; the
-rejection curve is the mean error over all ``n`` outputs (rejected ones count
-0) against the fraction rejected. A random order gives the straight line from
-the mean error to 0; the oracle order (by the error itself) the lowest curve.
-The prediction rejection ratio is
-
-  PRR = (AUC_random - AUC_measure) / (AUC_random - AUC_oracle)
-
-1 for a measure that orders outputs as their errors do, about 0 for one
-unrelated to them, negative for one that rejects the good outputs first.
-Outputs of equal uncertainty are rejected in random order: the curve uses
-their mean error (the expectation over those orders). Areas are trapezoids
-over the ``n + 1`` fractions ``0, 1/n, ..., 1``.
+``prediction_rejection_ratio``: 1 when the measure orders outputs as their errors do,
+about 0 for a random order, negative when it rejects the good outputs first. Ties in
+uncertainty take their mean error. Definition: docs/measures.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
-"""Reliability diagrams: mean correctness against mean confidence per bin.
+"""Reliability diagrams: mean correctness against mean confidence per bin, several models
+on one figure.
 
-A curve is any mapping with the per-bin arrays ``bin_confidence``,
-``bin_accuracy`` and ``bin_count`` (``token_calibration_metrics`` and
-``reliability_bins`` return them). Several models share one figure, so a
-deterministic and a Bayesian model can be compared at a glance. matplotlib is
-imported inside the plotting functions, with the Agg backend (no display).
+A curve is any mapping with per-bin ``bin_confidence``, ``bin_accuracy`` and ``bin_count``
+(as ``token_calibration_metrics`` and ``reliability_bins`` return). matplotlib is
+imported inside the plotting functions, with the Agg backend.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Intervals over training seeds: a mean, a difference or a paired difference of figures,
 one value per seed, with Student-t intervals.
 
-A method's seeds are a handful of independent training runs: a Student-t interval over
-them says how much a figure moves with the seed, which the bootstrap over test items of one
-run cannot. The uncertainty experiment's tables and the PlaNet comparison use them.
+They say how much a figure moves with the seed, which the bootstrap over one run's test
+items cannot; the uncertainty experiment's tables and the PlaNet comparison use them.
 """
 
 from __future__ import annotations

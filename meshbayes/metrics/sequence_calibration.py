@@ -1,26 +1,11 @@
-"""Sequence-level calibration of decoded outputs, judged by exact match.
+"""Sequence-level calibration of decoded outputs judged by exact match, as
+uncertainty-baselines computes it for its T5X models (after Kumar & Sarawagi, 2019).
 
-Each decoded output ``j`` has ``p_j``, the probability the predictive gives it
-(``exp`` of its log-probability, EOS included: for a posterior, the model
-average as decoded), and a label ``y_j = 1`` when it matches one of its
-references exactly after ``normalize_for_match``, else 0. This is how
-uncertainty-baselines computes sequence calibration for its T5X models
-(following Kumar & Sarawagi, 2019):
-
-- ``ece``: the expected calibration error of the two-class distribution
-  ``[1 - p_j, p_j]`` against ``y_j``, 15 equal-width bins of its top-label
-  confidence ``max(p_j, 1 - p_j)``, correct when ``(p_j > 1/2) == y_j``. A model
-  that gives its outputs ``p`` near 0.9 while few of them match scores near 0.9;
-  one that gives every output ``p`` near 0 scores the exact-match rate.
-- ``calibration_auroc``: how well ``p`` ranks exact matches above the rest
-  (0.5: not at all; NaN when every label is the same).
-- The one-sided reliability of ``p`` against the exact-match rate, in
-  equal-mass bins of ``p`` (each holds about ``n / B`` outputs), and its signed
-  gap ``mean(p) - mean(y)`` (> 0: overconfident).
-
-When almost no output matches (a weak translator) and almost every ``p`` is
-near 0, these figures cannot tell predictives apart: always read them beside
-``exact_match`` and ``mean_probability``.
+Output ``j`` has ``p_j``, the predictive's probability of it (EOS included), and label 1
+when it matches a reference after ``normalize_for_match``. Figures: the two-class ECE
+(``binary_ece``), ``calibration_auroc``, the equal-mass reliability and the gap
+``mean(p) - exact_match``; read them beside ``exact_match`` and ``mean_probability``.
+Definitions: docs/uncertainty.md, "The measures".
 """
 
 from __future__ import annotations

@@ -1,72 +1,12 @@
 """Sequence-calibration labels without the any-reference bias, the ECE a perfectly
 calibrated model shows by chance, and a synthetic task whose calibration is known.
 
-Each decoded output ``j`` has ``p_j``, the predictive's probability of it, and its
-source has ``k_j >= 1`` references, ``m_j`` of which it matches (after
-``sequence_calibration.normalize_for_match``).
-
-Labels.
-
-- Any-reference label ``1[m_j > 0]`` (``sequence_calibration.exact_matches``).
-- Reference-fraction label ``m_j / k_j`` (``reference_fraction_labels``).
-
-Assumption: the ``k`` references of a source are independent draws from the true
-translation distribution ``q`` of that source. Then ``m ~ Binomial(k, q(y))``, so
-``E[m / k] = q(y)`` exactly, and a calibrated ``p`` (``q(y) = p`` on average over the
-outputs given ``p``) has ``E[label | p] = p``: the fraction label is unbiased for any
-``k``. The any-reference label has ``E[1[m > 0]] = 1 - (1 - q)^k``, up to ``k q``: with
-several references every model looks underconfident, the more so the more references.
-When the references are not such draws, the fraction label is biased too:
-
-- Deduplicated references (``evaluation.sources.group_sources`` keeps each source's
-  distinct references, and Tatoeba lists each translation once): an output matches at
-  most one of the ``k`` distinct references and gets ``1 / k`` however often the
-  translation would be produced. Translations more frequent than the average listed
-  one (the mode a greedy or beam decoder emits) are under-counted, rarer ones that made
-  the list over-counted, so on decoded modes a calibrated model looks overconfident.
-  The effect grows with the number of draws behind the list (none from two draws: the
-  mode's fraction is then unchanged): in ``synthetic_task`` (5,000 sources), keeping
-  the distinct references of the same draws moves a calibrated model's fraction gap
-  by +0.4 points with 1.5 draws per source (within noise), by +7.4 points with 4. How
-  many draws stand behind a Tatoeba list is unknown: read the fraction gap's sign
-  with that in mind.
-- References by one translator, or a house style: they share a preference the model
-  need not have; a model that matches the population of translators is judged against
-  one of them, in either direction.
-
-ECE. Two definitions, both over ``B`` equal-width bins (``calibration.bin_indices``,
-default 15) and both accepting labels in ``[0, 1]``:
-
-- ``two_class_ece``: the ECE of the two-class distribution ``[1 - p, p]``, top-label,
-  binned by ``max(p, 1 - p)``, the label scored as the probability of the class it
-  predicts (``label`` when ``p > 1/2``, else ``1 - label``). For 0/1 labels it is
-  ``sequence_calibration.binary_ece`` (uncertainty-baselines' sequence ECE) exactly.
-- ``one_sided_ece``: ``sum_b (n_b / n) |mean_b(p) - mean_b(label)|`` over bins of ``p``,
-  the error of the one-sided reliability diagram (``p`` against the label rate). It is
-  the natural ECE of a soft label: the label is an estimate of ``q(y)``, compared with
-  ``p`` where ``p`` lies. For 0/1 labels it is the reliability gap of exact match in
-  equal-width bins.
-
-Both equal ``(1/n) sum_b |sum_{i in b} s_i (label_i - p_i)|``: the one-sided ECE with
-``s_i = 1`` over bins of ``p``; the two-class one with ``s_i = 1`` for ``p > 1/2`` and
-``-1`` otherwise, over bins of ``max(p, 1 - p)``, which hold ``p`` and ``1 - p``
-together (the bin of ``1 - p`` is the bin of ``p`` reflected). So the two are equal
-when every ``p <= 1/2`` (or every ``p > 1/2``), up to a ``p`` on a bin edge, where
-``floor`` may round either way; with outputs on both sides of 1/2 the two-class ECE
-subtracts, within a bin, the gaps of ``p`` and of ``1 - p``. Sequence probabilities
-are almost all far below 1/2, so the choice rarely matters; ``one_sided_ece`` is the
-one to report with fraction labels (its bins are those of the reliability diagram).
-
-Null band. Even a perfectly calibrated model has an ECE above 0 on finitely many
-outputs: ``null_band`` redraws the labels a calibrated model would get on the same
-``p`` (Bernoulli(p); with references, ``Binomial(k, p) / k`` for fraction labels or
-``1[Binomial(k, p) > 0]`` for any-reference labels) and gives the distribution of the
-ECE. A figure inside the band is what calibration looks like at this ``n``.
-``debiased_ece`` subtracts the band's mean.
-
-Ground truth. ``synthetic_task`` draws sources with known translation distributions
-and references from them; ``SyntheticTask.decode`` gives a calibrated, sharpened or
-flattened model's ``p`` of the mode, with the true ``q(y)`` beside it.
+Output ``j`` has probability ``p_j`` and matches ``m_j`` of its source's ``k_j >= 1``
+references (``sequence_calibration.normalize_for_match``). Labels: any reference,
+``1[m_j > 0]``, or the fraction ``m_j / k_j`` (unbiased for the true ``q(y)`` when the
+references are independent draws). ECEs take labels in ``[0, 1]``; ``null_band`` gives
+the ECE of calibrated labels drawn on the same ``p``. Derivations, the biases of
+deduplicated references and the two ECEs compared: docs/measures.md.
 
 >>> matched, k = [1, 0, 2], [2, 1, 3]
 >>> reference_fraction_labels(matched, k)
@@ -186,8 +126,8 @@ def reference_fraction_labels(num_matched, num_references) -> np.ndarray:
   """The fraction of its source's references each output matches, ``m / k`` in ``[0, 1]``.
 
   Unbiased for the true probability ``q(y)`` of the output when the references are
-  independent draws from the translation distribution (see the module docstring for
-  what happens when they are not).
+  independent draws from the translation distribution (docs/measures.md: when they are
+  not).
 
   Args:
     num_matched: ``(n,)`` ints ``m >= 0``, the references each output matches.

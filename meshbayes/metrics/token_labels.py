@@ -1,64 +1,14 @@
-"""Calibration of decoded tokens: each token of a decoded output labelled correct or not
-by an edit-distance alignment to its closest reference (after Wang et al., 2020, "On the
-inference calibration of neural machine translation").
+"""Calibration of decoded tokens (after Wang et al., 2020): each token of a decoded output
+labelled correct when its edit-distance alignment to the closest reference aligns it to
+an equal token.
 
-Token unit. The model's own tokens: SentencePiece piece ids. The hypothesis is the
-decoded output's ids as the model emitted them (nothing detokenized, nothing
-re-encoded), so each label lines up with the probability the predictive gave that
-token. Each reference is its piece ids under the same vocabulary (the ids the
-evaluation batches hold, or ``vocabulary.encode(text)``). Two tokens are the same
-when their ids are equal. A hypothesis that spells a word with other pieces than the
-reference's encoding (a non-canonical segmentation) has those pieces labelled wrong.
-
-EOS and padding. Neither sequence holds EOS or padding: the hypothesis is the output
-before its first EOS (``Decoded.output_ids``), the reference its ids before EOS. The
-EOS is not labelled: appended to both sequences it would always be aligned to the
-reference's EOS (an optimal alignment of ``a + [x]`` and ``b + [x]`` can always match
-the two last tokens), a label that says nothing. Label ``i`` goes with the probability
-of output token ``i``: ``exp(token_log_probs[i])`` for ``i < len(output_ids)``; the
-EOS's probability, at ``len(output_ids)``, is left out.
-
-Alignment. Levenshtein: each hypothesis token is aligned to one reference token (a
-match when the ids are equal, else a substitution) or to none; each reference token to
-at most one hypothesis token; order is kept; every substitution, unaligned hypothesis
-token and unaligned reference token costs 1. TER's block shifts are left out: finding
-the fewest edits with shifts is NP-hard and TER's tools search for shifts greedily, so
-labels from shifts would be a heuristic's, not something an exact program or a brute
-force can check. Without shifts a reordered phrase has only the tokens of one
-common subsequence matched.
-
-Among the alignments of least cost, the one used has the most matches (a dynamic
-program over the pair ``(cost, -matches)`` ordered lexicographically); among those,
-ties are broken in the backtrace from the ends of both sequences by preferring, at
-each step, aligning the two current tokens (match or substitution), then leaving the
-hypothesis token unaligned, then leaving the reference token unaligned: the alignment
-whose moves, read from the end, come first in that order. A token is **correct** when
-it is aligned to an equal reference token. What does not depend on the tie-break: the
-number of correct tokens is the most matches any least-cost alignment has (for
-``[7, 7]`` against ``[7]``, one); which tokens they are can (here the tie-break picks
-the second 7, matching later tokens first).
-
-Closest reference: the one with the least edit distance divided by its length
-(TER without shifts; a reference of length 0 divides by 1), compared exactly as
-fractions, the first on ties. (sacrebleu's TER picks the reference with the fewest
-edits, not normalized: ``normalized=False``.)
-
-Calibration. Over all labelled tokens of all outputs, with ``p`` a token's
-probability and ``y`` its label, in ``B`` equal-width bins of ``p`` (the bins of
-``metrics.calibration``; ``B = 15``)::
-
-    ECE = sum_b (n_b / N) |mean_b(p) - mean_b(y)| = (1/N) sum_b |sum_{i in b} (y_i - p_i)|
-
-one-sided: ``p`` is compared with the rate of correct tokens, not the top label of a
-two-class distribution. ``decoded_token_statistics`` gives per-output additive sums,
-so a bootstrap over sources sums the resampled rows (``decoded_token_metrics``).
-
-Cost. The program is vectorized over the references of one hypothesis: ``n`` numpy
-steps on ``(R, m + 1)`` integer arrays (hypothesis length ``n``, ``R`` references of
-up to ``m`` tokens), ``O(n R m)`` work, then a Python backtrace of at most ``n + m``
-steps for the closest reference: about 1.2 ms a source of 12 references of 64 tokens
-(2,000 such sources in 2.4 s on one CPU core). Numpy and Python only; the bins are
-``metrics.calibration.bin_indices`` (whose module imports jax).
+Sequences are the model's own token ids without EOS or padding (the hypothesis is
+``Decoded.output_ids``; label ``i`` goes with ``exp(token_log_probs[i])``). The alignment
+is Levenshtein without TER's shifts: least edits, then most matches, then a fixed
+tie-break; the closest reference has the least edits per reference token. The ECE is
+one-sided over 15 equal-width bins, from per-output sums that a bootstrap over sources
+adds. Numpy and Python (the bins are ``metrics.calibration``'s, a module that imports
+jax). Choices and cost: docs/measures.md.
 
 >>> labels, distance = align_labels([5, 9, 6, 7], [5, 6, 7, 8])
 >>> labels.tolist(), distance

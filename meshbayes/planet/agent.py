@@ -1,19 +1,9 @@
 """The PlaNet agent: collecting episodes, the replay buffer, and the training step.
 
-Collection runs a whole episode as one jitted scan: render the pendulum, update the
-posterior state with the image, plan with CEM over imagined rollouts, add exploration
-noise, and repeat the action ``action_repeat`` environment steps. Seed episodes act
-uniformly at random. A Bayesian agent acts on its weight posterior by a decision rule
-(``config.DECISION_RULES``); every rule runs the transition at fixed weights (the mean or
-a sample drawn by ``posteriors.sample_weights``) with ``deterministic=True``.
-
-The loss per decision (the unit of the data) is PlaNet's: the image's Gaussian NLL summed
-over pixels (unit variance, constant dropped), ``reward_scale`` times the reward's (the
-decision's reward, summed over its environment steps, in units of
-``pendulum.REWARD_UNIT``), and the latent KL(posterior || prior) clamped below at
-``free_nats`` per (sequence, decision) before the mean; a Bayesian agent adds its
-transition weights' KL scaled as ``kl_penalty`` scales it, over ``D`` = the decisions in
-the replay buffer (passed as ``1 / D``, so the step compiles once while the buffer grows).
+An episode is one jitted scan (render, filter, plan with CEM, act) under a decision rule
+(``config.DECISION_RULES``), each rule running the transition at fixed weights
+(``deterministic=True``). The loss is PlaNet's per decision plus a Bayesian agent's
+weight KL over the ``D`` decisions in the buffer (docs/planet.md, "The loss").
 """
 
 from __future__ import annotations
@@ -115,7 +105,10 @@ class Agent:
   # Training.
 
   def loss(self, params, batch: dict[str, Array], key: Array, inverse_decisions: Array):
-    """The per-decision negative ELBO of a batch and its terms."""
+    """The per-decision negative ELBO of a batch and its terms.
+
+    ``inverse_decisions`` is ``1 / D``, traced, so the step compiles once as the buffer grows.
+    """
     c = self.config
     key_noise, key_weights = jax.random.split(key)
     images = batch["images"]

@@ -1,18 +1,10 @@
 """PlaNet's world model: a recurrent state-space model (RSSM) of images and rewards.
 
-The latent state is a GRU's deterministic state ``deter`` and a Gaussian stochastic state
-``stoch``. One *transition* (the prior) maps the previous state and action to the next:
-``Dense -> GRU -> Dense -> Dense`` to the stochastic state's mean and stddev. The
-*posterior* adds the current image's embedding to the GRU's new state. A convolutional
-encoder embeds images, a transposed-convolutional decoder and an MLP reward model read the
-state ``concat(deter, stoch)``.
-
-Bayesian PlaNet differs in one place: the transition's three Dense layers are
-``dense_class(estimator)`` (``DenseReparameterization``, its prior N(0, 1) or fan-in
-scaled), the GRU, posterior, encoder, decoder and reward model stay deterministic. A Bayesian transition draws its weights from
-the ``'sample'`` rng: an ``apply`` with one key uses one weight sample in all its calls,
-so a rollout scanned over ``apply`` calls with the same key sees one sampled transition
-function. The latent noise is an argument, so every call is reproducible.
+The state is a GRU's ``deter`` and a Gaussian ``stoch``; a convolutional encoder embeds
+images, a decoder and a reward model read ``concat(deter, stoch)``. Bayesian PlaNet differs
+only in the transition's three Dense layers (``dense_class(estimator)``), whose weights come
+from the ``'sample'`` rng: one ``apply`` with one key uses one weight sample in all its
+calls. The latent noise is an argument, so every call is reproducible.
 """
 
 from __future__ import annotations
@@ -94,7 +86,8 @@ class Decoder(nn.Module):
 
 
 class RSSM(nn.Module):
-  """The transition (prior) and the posterior of the latent state; see the module docstring.
+  """The transition (prior: ``Dense -> GRU -> Dense -> Dense`` to the stochastic state's
+  mean and stddev) and the posterior (the image's embedding added to the GRU's new state).
 
   ``transition_prior`` and ``transition_stddev_ratio`` are ``PlanetConfig``'s (a
   deterministic transition ignores them)."""

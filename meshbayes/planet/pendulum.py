@@ -1,11 +1,7 @@
 """The classic-control pendulum (gym's Pendulum-v1) in JAX: state, reset and one step.
 
-The equations are gym's: ``thdot += (3 g / (2 l) sin(th) + 3 / (m l^2) u) dt``, clipped to
-``[-8, 8]``, then ``th += thdot dt``; the reward of a step is
-``-(normalize(th)^2 + 0.1 thdot^2 + 0.001 u^2)`` taken before the step, with ``u`` the
-torque clipped to ``[-2, 2]``; ``th = 0`` is upright. Resets draw ``th`` uniformly on
-``[-pi, pi]`` and ``thdot`` on ``[-1, 1]``. Everything is a pure function of arrays, so an
-episode jits and vmaps.
+gym's equations, limits and reward (docs/planet.md states them); ``theta = 0`` is upright.
+Everything is a pure function of arrays, so an episode jits and vmaps.
 """
 
 from __future__ import annotations

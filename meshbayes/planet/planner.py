@@ -1,9 +1,8 @@
-"""The cross-entropy method (CEM) over action sequences, as PlaNet plans.
+"""The cross-entropy method (CEM) over action sequences in ``[-1, 1]``, as PlaNet plans.
 
-A Gaussian over sequences of ``horizon`` actions in ``[-1, 1]`` starts at mean 0, stddev 1;
-each iteration scores ``candidates`` clipped samples with the objective and refits the
-mean and stddev to the ``top_k`` best. The plan is the final mean; an agent executes its
-first action and plans again at the next step (model-predictive control).
+``cem`` refits a Gaussian over ``horizon``-long sequences (from mean 0, stddev 1) to the
+``top_k`` best of ``candidates`` clipped samples per iteration and returns its final mean;
+an agent executes its first action and plans again (model-predictive control).
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
-"""What a trained world model knows, measured on held-out episodes.
+"""What a trained world model knows: open-loop prediction error and a linear velocity probe.
 
-- Open-loop prediction: filter ``context`` images, then imagine ``steps`` decisions under
-  the episode's actions without seeing images, decode, and take the mean squared pixel
-  error per predicted step against the true images.
-- Linear probe: a ridge-regularized least-squares read-out of the true angular velocity
-  from the posterior state features ``concat(deter, stoch mean)``, fitted on training
-  episodes and scored by R^2 on held-out ones (1: perfect, 0: no better than the mean).
-
-Both use the states' means (no latent noise) and a Bayesian transition's posterior-mean
-weights; both are pure functions of arrays, to be jitted by the caller.
+Both run on the states' means (no latent noise) with a Bayesian transition's posterior-mean
+weights, and are pure functions of arrays, to be jitted by the caller (docs/planet.md,
+"Other measurements": the protocol).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The pendulum's observation: a small grayscale image of its rod, drawn in JAX.
 
-The rod runs from the image's centre (the pivot) to its tip, ``ROD_LENGTH`` of the
-half-width away, upright at ``theta = 0`` and turning clockwise as ``theta`` grows (gym's
-picture). A pixel's brightness falls linearly from 1 within ``ROD_HALF_WIDTH`` of the rod
-to 0 one pixel further out (antialiased), so the image is a smooth function of the
-angle. The angle alone is drawn; the velocity must be inferred from a sequence.
+The rod runs from the centre ``ROD_LENGTH`` of the half-width, upright at ``theta = 0`` and
+turning clockwise as ``theta`` grows (gym's picture), antialiased so the image is a smooth
+function of the angle. Only the angle is drawn: the velocity must be inferred from a sequence.
 """
 
 from __future__ import annotations

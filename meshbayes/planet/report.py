@@ -1,14 +1,9 @@
 """The comparison of PlaNet and Bayesian PlaNet over seeds: summary numbers and a figure.
 
-``summarize`` reduces the per-seed records of ``training.train`` by agent (returns over
-environment steps, held-out and validation returns per decision rule, weight KL, losses,
-open-loop error, velocity probe, times, memory) and compares each Bayesian agent with the
-deterministic one seed by seed: per decision rule, the mean over seeds of the paired
-difference of held-out returns with its ``LEVEL`` Student-t interval, read against the
-margin ``MARGIN`` fixed before the runs; the rule chosen on validation returns alone; the
-power of that comparison and the seeds it would need; costs as paired per-seed ratios
-(geometric mean, interval on the logs); the probe and open-loop figures as paired
-differences on the same episodes. ``plot`` draws docs/planet.md's figure.
+``summarize`` reduces the per-seed records of ``training.train`` by agent and compares each
+Bayesian agent with the deterministic one, paired by seed: per decision rule the held-out
+return difference with its ``LEVEL`` t-interval against ``MARGIN``, the rule chosen on
+validation, the power, cost ratios (docs/planet.md, "The comparison"). ``plot`` draws the figure.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The world model run over sequences: filtering on observed images, imagining ahead.
 
 Both scan ``WorldModel.apply`` calls over time with one ``'sample'`` key, so a Bayesian
-transition uses one weight sample for the whole sequence batch (``deterministic=True``:
-its posterior-mean weights). The latent noise is drawn by the caller (zeros: the states'
-means). Arrays are batch-major ``(batch, time, ...)``.
+transition uses one weight sample for the whole batch of sequences. The latent noise is
+the caller's (zeros: the states' means). Arrays are batch-major ``(batch, time, ...)``.
 """
 
 from __future__ import annotations

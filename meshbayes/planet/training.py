@@ -1,19 +1,9 @@
-"""One agent trained from scratch: seed episodes, then rounds of training and collection,
-then the held-out evaluation; returns the run's record (plain numbers, JSON-ready).
+"""One agent trained from scratch and evaluated; ``train`` returns the run's JSON-ready record.
 
-A round is ``train_steps`` gradient steps on chunks sampled from every episode so far,
-then one episode collected by the planner (``collect_rule``) with exploration noise.
-Afterwards, from the trained parameters and without noise, every decision rule of the
-agent acts from ``validation_episodes`` validation start states (where a rule is chosen)
-and from ``eval_episodes`` held-out ones (where it is scored): the start states, like the
-``probe_episodes`` episodes of random actions on which the open-loop error and the
-velocity probe are measured, depend on the seed alone, so both agents of a seed and every
-rule meet the same ones.
-
-Every program is compiled ahead of time by the agent (``Agent.call_compiled``), once per
-agent; the record's times exclude compiles: seconds per train step, per collected
-episode, per held-out episode of each rule, and the training with its collection
-(``wall_seconds``), with the agent's compile time apart.
+Seed episodes, then rounds of ``train_steps`` gradient steps and one collected episode;
+then every decision rule acts, without noise, from validation start states (where a rule
+is chosen) and held-out ones (where it is scored). Start states and probe episodes depend
+on the seed alone, so both agents of a seed meet the same ones. Times exclude compiles.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Files written whole or not at all, and output paths that cannot overwrite an input.
 
-A command that writes a file (a run's configuration, inference's outputs) writes a
-temporary file beside it and renames it into place: an interrupted write leaves
-the old file or nothing, never half of one. An object store's writes are already
-whole (``gs://`` paths are written directly).
+A local file is written beside its path and renamed into place, so an interrupted
+write leaves the old file or nothing; ``gs://`` paths are written directly (an
+object store's writes are whole).
 """
 
 from __future__ import annotations

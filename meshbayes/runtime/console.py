@@ -1,10 +1,8 @@
 """Console lines of a run that every process executes: printed once, by process 0.
 
-In a multi-host run each process runs the same training loop, checkpoint code and
-input pipeline; their notes (``opening the training input ...``, ``removed the
-incomplete checkpoint ...``) are printed by process 0 alone, to stdout and
-flushed at once, so they interleave in order with the progress bar and the
-logs of a run whose output goes to a file.
+The notes of code every process runs (``opening the training input ...``) go to
+stdout from process 0 alone, flushed at once so they keep their order among the
+progress bar and the logs when the output goes to a file.
 """
 
 from __future__ import annotations

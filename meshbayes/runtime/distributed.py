@@ -1,20 +1,9 @@
 """Multi-host runs: many processes, one mesh, through JAX's multi-controller runtime.
 
-Every process runs the same program on its own devices; ``jax.distributed``
-connects them (a coordination service on process 0) so that ``jax.devices()``
-lists every process's devices and jitted steps run over all of them. This
-module only decides *whether* and *how* to call ``jax.distributed.initialize``,
-which must happen before anything touches a device:
-
-- explicitly: ``coordinator_address``, ``num_processes`` and ``process_id``
-  (a GPU cluster without a scheduler JAX knows, or processes on one machine);
-- by auto-detection (``auto=True``): on Cloud TPU pods, SLURM, Open MPI and
-  Kubernetes-style environments JAX recognizes, it fills in what is not given.
-
-A lost process must not leave the others waiting forever: the coordination
-service declares a process dead after ``heartbeat_timeout_seconds`` without a
-heartbeat and the survivors then stop with an error (collectives with a dead
-peer usually fail sooner, when its connections close).
+``initialize(DistributedOptions)`` decides whether and how to call
+``jax.distributed.initialize`` (explicit coordinator, process count and index,
+or JAX's cluster auto-detection); it must run before anything touches a device.
+Usage, and what happens when a process is lost: docs/multihost.md.
 """
 
 from __future__ import annotations

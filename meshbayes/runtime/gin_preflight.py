@@ -1,17 +1,11 @@
 """A command line's gin configuration, read and checked before the configurables load.
 
-Importing the configurables (``meshbayes.configurables``) imports the data layer,
-TensorFlow and seqio: seconds. The mistakes that need no configurable (a gin file
-not found or not parsable, an unquoted string on the command line, a misspelled
-macro, a ``%gin.REQUIRED`` macro left unset) are told before that, in under a
-second: the files and bindings are read here with gin's own parser, which records
-the references of each statement instead of resolving them. So this module must
-not import jax, TensorFlow, seqio or ``meshbayes.configurables``.
-
-It also extracts a training run's model from its ``MODEL_DIR/config.gin``
-(``model_bindings``), which ``meshbayes.eval`` and ``meshbayes.infer`` apply before
-their own files and bindings, and finds gin files as gin does
-(``search_prefixes``, ``quiet_search_misses``) for ``meshbayes.launch``.
+gin's own parser reads the files and bindings without resolving references, so
+mistakes that need no configurable (a missing file, an unquoted string, a
+misspelled or unset macro) are told in under a second: this module must not
+import jax, TensorFlow, seqio or ``meshbayes.configurables``. It also gives
+``meshbayes.launch`` the trained model's bindings (``model_bindings``) and gin's
+file search (``search_prefixes``, ``quiet_search_misses``).
 """
 
 from __future__ import annotations

@@ -1,28 +1,9 @@
 """malloc settings for the CPU runtime's per-step buffers.
 
-XLA's CPU runtime allocates each execution's temporary buffer with ``malloc``
-and frees it afterwards; glibc serves such large allocations with a fresh
-``mmap``, so every step faults its whole buffer in again. The figures (page
-faults per step, step times under each setting) are in
-docs/results/2026-11-cpu-train-step.md.
-
-``MESHBAYES_MALLOC`` chooses glibc tunables (read when a process starts):
-
-- ``huge_pages`` (the default): ``glibc.malloc.hugetlb=1``: the mappings
-  come in 2 MiB pages, far fewer faults; each step still zeroes its buffer.
-  Needs glibc 2.35 or later and transparent huge pages in ``madvise`` (or
-  ``always``) mode.
-- ``reuse``: also ``glibc.malloc.arena_max=1``, ``glibc.malloc.mmap_max=0``
-  (every thread allocates from the main heap: another thread's arena would map
-  large blocks whatever ``mmap_max``) and ``glibc.malloc.trim_threshold=2**40``
-  (the heap keeps what is freed): the next step reuses pages already faulted
-  in. For CPU training of ``small`` and larger presets; all threads share one
-  malloc lock (slower host work) and the process holds its peak memory.
-- ``default``: glibc's own settings.
-
-``exec_with_malloc_tunables`` applies them by executing the program again
-before jax starts its runtime (importing jax first is safe, only slower);
-tunables the user set are kept.
+``MESHBAYES_MALLOC`` (``huge_pages``, the default; ``reuse``; ``default``)
+chooses glibc tunables, and ``exec_with_malloc_tunables`` applies them by
+executing the program again before jax starts its runtime; tunables the user set
+are kept. Why, and the measurements: docs/performance.md ("Host memory").
 """
 
 from __future__ import annotations

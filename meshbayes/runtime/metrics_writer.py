@@ -1,13 +1,8 @@
 """Where metrics go: TensorBoard event files, JSON lines, a console progress line, and
 progress bars for passes over data.
 
-Only process 0 writes (on a single host that is the only process).
-
-Directories may be local or URIs such as ``gs://bucket/run/train``: the JSON
-lines are written through ``etils.epath``, and so are the event files of a
-URI directory (tensorboardX's own ``gs://`` writer needs google-cloud-storage
-and uploads the whole file at every flush; ``epath``, as orbax, goes through
-TensorFlow's file systems).
+Only process 0 writes. Directories may be local or URIs such as
+``gs://bucket/run/train`` (written through ``etils.epath``).
 """
 
 from __future__ import annotations
@@ -31,6 +26,9 @@ _URI_SCHEMES = ("gs", "s3", "az")
 class _EpathEventFiles:
   """tensorboardX's writer factory interface (``record_writer.register_writer_factory``)
   for URIs: event files opened through ``etils.epath``."""
+
+  # tensorboardX's own gs:// writer needs google-cloud-storage and uploads the whole
+  # file at every flush; epath, as orbax, goes through TensorFlow's file systems.
 
   def open(self, path: str) -> IO[bytes]:
     return epath.Path(path).open("wb")

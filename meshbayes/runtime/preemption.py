@@ -1,17 +1,10 @@
 """Stopping a run cleanly on SIGTERM (preemption) and SIGINT (Ctrl-C).
 
-``STOP_SIGNALS`` records the signals for the training loop, which polls
-``received``: ``meshbayes.train`` installs it before anything else, and
-``meshbayes.training.trainer.train`` when called in-process. The trainer then saves the
-last completed step and exits with ``STOP_EXIT_CODES[signal]`` (143 for
-SIGTERM, 130 for SIGINT, as a shell reports a process the signal killed);
-while no step has completed since the last checkpoint (start-up, restore,
-compilation) the process exits at once, within a second. A second signal
-during the save exits at once too (checkpoints are written atomically).
-
-A module of its own so that the command line (``meshbayes.launch``,
-``meshbayes.train``) and the library (``meshbayes.training.trainer``) share it without
-the library importing the command line.
+``STOP_SIGNALS`` records them for the training loop, which polls ``received``,
+saves the last completed step and exits with ``STOP_EXIT_CODES[signal]`` (143,
+130); with nothing new to save, or at a second signal, it exits at once.
+``meshbayes.train`` installs it first, ``trainer.train`` when called in-process;
+a module of its own so the library need not import the command line.
 """
 
 from __future__ import annotations

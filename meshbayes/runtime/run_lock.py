@@ -1,22 +1,10 @@
 """One writer per model directory: a lock file held for the life of a training run.
 
-``MODEL_DIR/RUN_LOCK`` holds JSON naming its holder (host, pid, the process's
-start time, when the run started) and a heartbeat the holder refreshes every
-``heartbeat_seconds``. A second trainer finds it and stops with one line naming
-the holder. A lock left by a process that died without releasing it (kill -9,
-a lost machine) is taken over:
-
-- on the holder's host, as soon as its process is gone: no process with that
-  pid, or one that started at another time (the pid was reused);
-- from another host, where the pid cannot be checked, once its heartbeat is
-  older than ``lease_seconds``.
-
-Creating the lock is atomic on local (and NFS) files, ``O_CREAT | O_EXCL``.
-``etils.epath`` offers no conditional create for object stores such as
-``gs://``: there the lock is written, then read back after a pause, and the
-run goes on only if it still names this process (the last of two simultaneous
-writers wins and the other stops). Two starts within that pause of each other
-could both pass; starts minutes apart, the case this guards against, cannot.
+``RunLock`` holds ``MODEL_DIR/RUN_LOCK`` (JSON naming its holder, and a
+heartbeat); a second trainer stops with one line naming the holder. A lock left
+by a dead process is taken over once its pid is gone (same host) or its
+heartbeat is older than ``lease_seconds``. Details, ``gs://`` included:
+docs/training.md.
 """
 
 from __future__ import annotations

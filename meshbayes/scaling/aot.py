@@ -1,12 +1,8 @@
 """Ahead-of-time compiles of the trainer's own train step, and what they cost per device.
 
-``compile_step`` builds the step exactly as ``meshbayes.train`` does
-(``StepFunctions.train_step`` jitted by ``train_step.jit_train_step`` with the
-partitioner's state shardings and a donated state) for a model preset on a
-target, compiles it without running it, and reports per-device memory (XLA's
-``memory_analysis``), whether it fits (the TPU compiler's verdict, or an
-estimate against the TPU's memory for simulated CPU meshes), FLOPs and the
-collectives in the compiled program (``meshbayes.scaling.hlo``).
+``compile_step`` builds the step as ``meshbayes.train`` does (``jit_train_step`` with the
+partitioner's state shardings and a donated state) for a preset on a target, compiles it
+without running it, and returns one record: memory, fit, FLOPs and collectives.
 """
 
 from __future__ import annotations

@@ -1,29 +1,9 @@
 """What a compiled step does per device, read from its optimized HLO text.
 
-XLA's ``cost_analysis()`` counts the body of a ``while`` loop once, however
-many times it runs, and a scanned Transformer is one loop over its layers: its
-FLOPs come out several times too small. Here every computation is weighted by
-how often it runs (the product of the trip counts of the loops around it), so
-
-- ``matmul_flops``: 2 FLOPs per multiply-add of every ``dot`` and
-  ``convolution`` (TPUs lower matmuls to convolutions), of every cuBLAS
-  GEMM custom call (GPUs; their Triton GEMMs are ``dot``s inside fusion
-  computations, counted where they are called) and of cuDNN's fused attention
-  (its two matmuls forward, five backward: the scores are recomputed), per
-  device per step;
-- ``flops``: those plus every other operation, as XLA's cost analysis counts
-  them (one per output element of arithmetic, one per input element of a
-  reduction; ``transcendentals`` apart);
-- ``collectives``: for each kind (all-reduce, all-gather, reduce-scatter,
-  all-to-all, collective-permute; the asynchronous ``-start`` forms count as
-  their kind), how many appear in the program (``count``), how many run per
-  step (``executed``), and the bytes of their results per device, once per
-  appearance (``bytes``) and per step (``executed_bytes``). The result of an
-  all-gather is the gathered array, of a reduce-scatter the shard.
-
-Shapes in SPMD-partitioned HLO are per device, so every figure is per device.
-A loop whose trip count cannot be read counts once and is reported in
-``unknown_trip_counts``.
+``analyze`` counts matmul FLOPs, all FLOPs and the collectives (``HloSummary``) with
+every computation weighted by the trip counts of the loops around it, which XLA's
+``cost_analysis`` ignores. Shapes in SPMD-partitioned HLO are per device, so every
+figure is per device and step.
 """
 
 from __future__ import annotations
@@ -92,7 +72,15 @@ class Instruction:
 
 @dataclasses.dataclass
 class Collective:
-  """Census of one kind of collective (see the module docstring)."""
+  """Census of one kind of collective; the ``-start`` forms count as their kind.
+
+  Attributes:
+    count: how many appear in the program.
+    executed: how many run per step.
+    bytes: result bytes per device, once per appearance (an all-gather's result is the
+      gathered array, a reduce-scatter's the shard).
+    executed_bytes: result bytes per device and step.
+  """
 
   count: int = 0
   executed: float = 0
@@ -102,7 +90,19 @@ class Collective:
 
 @dataclasses.dataclass
 class HloSummary:
-  """Per-device matmul FLOPs and collectives of one compiled program, loops unrolled."""
+  """Per-device matmul FLOPs and collectives of one compiled program, loops unrolled.
+
+  Attributes:
+    matmul_flops: 2 per multiply-add of every ``dot`` and ``convolution`` (TPUs lower
+      matmuls to convolutions), cuBLAS GEMM call and cuDNN fused attention (two matmuls
+      forward, five backward); Triton GEMMs are ``dot``s inside fusions.
+    flops: those plus every other operation as XLA's cost analysis counts them (one per
+      output element of arithmetic, one per input element of a reduction).
+    transcendentals: counted apart from ``flops``.
+    collectives: a ``Collective`` per kind in ``COLLECTIVES``.
+    loops: the trip counts of the loops read.
+    unknown_trip_counts: loops whose trip count could not be read (counted once).
+  """
 
   matmul_flops: float = 0.0
   flops: float = 0.0

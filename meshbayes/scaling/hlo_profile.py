@@ -1,14 +1,9 @@
 """What a compiled program does per device and step, read from its optimized HLO.
 
-``program_profile`` finds the replica groups of every collective (their size,
-the mesh axes and torus dimensions they span) and the HBM bytes the program's
-top-level operations read and write, split by whether they hold a matmul and
-by kind of work (``WORK_KINDS``). On a GPU each top-level operation is a
-kernel: a fusion (or its asynchronous ``fusion-start``), a cuBLAS GEMM custom
-call, a copy, a collective. It reads the HLO with ``meshbayes.scaling.hlo``'s
-parser and loop trip counts, so its bytes per collective kind add up to
-``hlo.analyze``'s. ``program_record`` makes a whole record for
-``roofline.predict`` from a program's HLO alone (e.g. a GPU's).
+``program_profile`` gives every collective's replica groups (size, mesh axes, torus
+dimensions) and the HBM bytes of the top-level operations (on a GPU, kernels) by kind of
+work (``WORK_KINDS``); its bytes per collective kind add up to ``hlo.analyze``'s.
+``program_record`` makes a record for ``roofline.predict`` from a program's HLO alone.
 """
 
 from __future__ import annotations

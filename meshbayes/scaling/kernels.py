@@ -1,20 +1,9 @@
 """Kernels of a compiled GPU step that do avoidable work, counted per step from its HLO.
 
-On a GPU every top-level operation of the optimized HLO (a fusion, a cuBLAS
-call, a copy) is one kernel. ``avoidable_work`` sorts the kernels that run per
-step (loops unrolled, as ``hlo_profile.program_profile`` counts them) into the
-kinds of work a better-fused program would not do, with their HBM bytes:
-
-- ``attention_scores``: kernels other than GEMMs that read or write the
-  attention scores (an array of rank 3 or more whose last two dimensions are
-  sequence lengths): softmax, masks, dropout, their gradients. A fused
-  attention kernel keeps the scores on chip.
-- ``copies``: ``copy`` operations and fusions that only copy (layout changes,
-  loop-carried buffers copied whole).
-- ``transposes``: fusions that only transpose (and slice or reshape).
-- ``casts``: fusions that only convert between dtypes.
-
-The kinds are exclusive, in that order.
+``avoidable_work`` sorts the non-GEMM kernels into ``KINDS``, the first that applies:
+``attention_scores`` (they touch an array whose last two dimensions are sequence lengths:
+softmax, masks, dropout, their gradients; fused attention keeps these on chip),
+``copies``, ``transposes`` (fusions that only transpose, slice or reshape) and ``casts``.
 """
 
 from __future__ import annotations

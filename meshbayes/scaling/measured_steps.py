@@ -1,11 +1,9 @@
 """Train steps measured on one NVIDIA H200, which fix and check the frozen GPU step-time model.
 
-Shared measurement ``h200-2026-11`` (2026-11-26): the trainer's jitted step at
-project commit ``MEASURED_COMMIT``, JAX 0.11.2 (CUDA 13 plugin), bf16, one
-device, ``data_only`` rules, AdamW, ``num_train_units=1e6``; the fastest of its
-timed rounds. ``roofline.FROZEN_GPU_MODEL`` was fitted on ``base_det_none`` and
-``paper_det_full``; ``tools/gpu_model_check.py`` compiles the same code for an
-H200 without one and sets the model's prediction against these seconds.
+Shared measurement ``h200-2026-11`` (2026-11-26): the fastest timed round of the trainer's
+step at commit ``MEASURED_COMMIT``, JAX 0.11.2 (CUDA 13), as ``MeasuredStep.spec_fields``
+sets it up. ``roofline.FROZEN_GPU_MODEL`` was fitted on ``base_det_none`` and
+``paper_det_full``; ``tools/gpu_model_check.py`` checks its predictions against these.
 """
 
 from __future__ import annotations

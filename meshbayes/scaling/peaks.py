@@ -1,10 +1,8 @@
 """Published dense bf16 matmul peaks by JAX device kind, and model FLOP utilization from them.
 
-``peak_flops_per_device(jax.devices()[0].device_kind)`` is the FLOP/s one JAX
-device could reach at best; ``utilization`` turns a step's model FLOPs and
-seconds into TFLOP/s and MFU (model FLOPs over step time x that peak). Peaks
-are dense (no 2:4 sparsity), from the vendors' data sheets; devices the roofline models (TPUs, H100, H200)
-take theirs from ``roofline.HARDWARE`` (per device: v2 and v3 chips are two devices).
+``peak_flops_per_device(device_kind)`` is one JAX device's peak (dense, no 2:4 sparsity;
+``roofline.HARDWARE``'s where it has the device, per device: a v2 or v3 chip is two);
+``utilization`` turns a step's model FLOPs and seconds into TFLOP/s and MFU.
 """
 
 from __future__ import annotations

@@ -1,46 +1,10 @@
 """Predicted step time of a compiled train step on a TPU slice or GPUs: a roofline model.
 
-A scaling-study record (``meshbayes.scaling.aot.compile_step``) holds what the
-compiled program does per device and step: its matmul FLOPs, the bytes of
-every collective and, when ``meshbayes.scaling.hlo_profile`` has read its HLO,
-which devices each collective runs between and the bytes its operations move
-through HBM.
-``predict`` turns that into seconds on one TPU generation's published peak
-rates (``HARDWARE``):
-
-- **compute** ``t_c``: matmul FLOPs at the chip's peak bf16 FLOP/s (per
-  device: the chip's peak over its devices, two cores on v2 and v3).
-- **memory** ``t_m``: HBM time the FLOP count misses: the bytes of the
-  operations without a matmul (elementwise work, noise sampling, reductions,
-  the optimizer update, copies) at the HBM bandwidth, plus whatever the
-  matmul operations' own bytes need beyond ``t_c``. Operations run one after
-  another on a core, so ``t_c + t_m`` is the per-operation roofline summed
-  over two classes of operations.
-- **communication** ``t_n``: each collective on a ring over the torus links
-  its replica group spans (see ``collective_seconds``), summed.
-- **step**: ``max(t_c + t_m, t_n)`` with ``overlap="max"`` (collectives hidden
-  behind computation, as XLA's asynchronous collectives can be) or
-  ``t_c + t_m + t_n`` with ``overlap="sum"`` (none hidden).
-
-On GPUs (``h100``, ``h200``) the local time is ``FROZEN_GPU_MODEL``'s: matmul
-FLOPs at 47.5% of the peak, every other kind of work's bytes at the HBM
-bandwidth, and 2.0 us per kernel (a top-level operation of the program),
-constants fitted on the H200 steps we measured and frozen as the ruler later
-changes are judged by (``gpu_model=None`` gives the bare roofline).
-
-Throughput follows: tokens per step (encoder and decoder tokens of the global
-batch) over the step time, the slice's model FLOP/s, and the model FLOP
-utilization ``MFU = model FLOPs per device / (step time x peak per device)``.
-``seconds_by_kind`` splits a profiled record's predicted time by kind of work.
-docs/performance.md states the model, its assumptions and the sources of
-``HARDWARE``.
-
->>> record = {"generation": "v2", "cores": 8, "flops_per_device": 22.5e12,
-...           "model_flops_per_device": 22.5e12, "batch_size": 8, "input_length": 256,
-...           "target_length": 256, "collectives": {}}
->>> p = predict(record, overlap="max")
->>> round(p.compute_seconds, 6), round(p.step_seconds, 6), round(p.mfu, 3)
-(1.0, 1.0, 1.0)
+``predict`` turns a scaling-study record (``aot.compile_step``, richer where
+``hlo_profile`` read its HLO) into compute, HBM and communication seconds at
+``HARDWARE``'s published rates, the step time (``overlap="max"``: collectives hidden;
+``"sum"``: not), throughput and MFU; on GPUs the local time is ``FROZEN_GPU_MODEL``'s.
+docs/performance.md states the model, its assumptions and its sources.
 """
 
 from __future__ import annotations
@@ -254,12 +218,9 @@ class TorusSpan:
 def ring_factor(kind: str, group_size: int) -> float:
   """Bytes each device sends, in units of the collective's per-device result bytes.
 
-  Bandwidth-optimal ring algorithms over ``n`` devices: an all-reduce
-  (reduce-scatter then all-gather) moves ``2(n-1)/n`` of its buffer, an
-  all-gather ``(n-1)/n`` of the gathered result, a reduce-scatter ``n-1``
-  times its (shard-sized) result; an all-to-all on a bidirectional ring loads
-  each link with ``n/4`` of the per-device buffer; a collective-permute sends
-  its buffer once.
+  Bandwidth-optimal ring algorithms over ``n`` devices (docs/performance.md, "Collectives
+  on the torus"): an all-reduce ``2(n-1)/n``, an all-gather ``(n-1)/n``, a reduce-scatter
+  ``n-1`` (its result is the shard), an all-to-all ``n/4``, a collective-permute 1.
 
   >>> ring_factor("all-reduce", 4), ring_factor("all-gather", 4), ring_factor("all-reduce", 1)
   (1.5, 0.75, 0.0)
@@ -277,12 +238,9 @@ def ring_factor(kind: str, group_size: int) -> float:
 def ring_bandwidth(hw: Hardware, spans: Sequence[TorusSpan]) -> float:
   """Bytes per second one device can send on the rings of the torus dimensions ``spans`` covers.
 
-  Along each dimension the group uses both directions of a ring when it covers
-  a dimension that wraps around (2 links out per chip), else a line folded
-  into a ring (1). Groups that interleave with stride ``s`` share each link
-  ``s`` ways; a collective over several dimensions uses all of them (their
-  bandwidths add); the chip's devices share its links. No span (the group
-  lives on one chip) is infinitely fast: on-chip transfers are left out.
+  Two links per wrapped dimension the group covers, else one, each shared ``stride`` ways;
+  dimensions add; the chip's devices share its links (docs/performance.md). No span (the
+  group lives on one chip) is infinitely fast: on-chip transfers are left out.
 
   >>> hw = HARDWARE["v2"]
   >>> ring_bandwidth(hw, [TorusSpan(16, 1, 16)]) == hw.ici_link_bytes_per_second
@@ -399,6 +357,13 @@ def predict(record: Mapping[str, Any], hardware_spec: Hardware | None = None,
   Raises:
     ValueError: an unknown overlap or generation, a record that did not compile, or a
       GPU model asked of a record without ``operations_per_device``.
+
+  >>> record = {"generation": "v2", "cores": 8, "flops_per_device": 22.5e12,
+  ...           "model_flops_per_device": 22.5e12, "batch_size": 8, "input_length": 256,
+  ...           "target_length": 256, "collectives": {}}
+  >>> p = predict(record, overlap="max")
+  >>> round(p.compute_seconds, 6), round(p.step_seconds, 6), round(p.mfu, 3)
+  (1.0, 1.0, 1.0)
   """
   if overlap not in OVERLAPS:
     raise ValueError(f"roofline: overlap={overlap!r} must be one of {', '.join(OVERLAPS)}")

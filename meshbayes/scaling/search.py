@@ -1,18 +1,9 @@
-"""The largest model of a family that fits a target: a search over width and depth by compiling.
+"""The largest model of a family that fits a target: a search over width by compiling.
 
-The family keeps the base preset's proportions: for width ``d`` (a multiple
-of ``step``) the model has ``emb_dim = d``, heads ``d * heads/emb_dim`` of the
-preset's ``head_dim`` and ``mlp_dim = d * mlp_dim/emb_dim``; depth is the
-number of layers of each stack. For each depth the search brackets the widest
-model that compiles within the target's memory; every probe is a real
-compile. Widths grow geometrically until one does not fit, then the bracket
-is bisected (geometrically: parameters grow with ``d^2``). The TPU compiler
-works to fit a program into memory (it rematerializes and reorders), so the
-peak of a fitting program says little about how much wider would still fit;
-what an out-of-memory compile says it needed bounds how far down the first
-fitting width is.
-The answer for a depth is a width that fits next to one, ``step`` wider,
-that does not.
+A ``Family`` keeps a preset's proportions as its width ``d`` (a multiple of ``step``)
+grows; ``largest_fit`` finds, for one depth, a width that compiles within the target's
+memory next to one, ``step`` wider, that does not. Every probe is a real compile
+(docs/scaling.md, study 4: how the widths are chosen).
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
-"""Compile targets: TPU topologies and NVIDIA GPUs (compile-only devices) and simulated CPU meshes.
+"""Compile targets: TPU topologies, NVIDIA GPUs (compile-only devices) and simulated CPU meshes.
 
-A target is named like a TPU slice, ``GENERATION:TOPOLOGY`` (``v2:16x16``,
-``v4:8x8x8``, ``v5e:16x16``, ``v5p:4x8x8``), like GPUs of one NVLink node,
-``h100:N`` or ``h200:N`` (N up to 8), or ``cpu:N``. On its own platform a
-name gives ``jax.experimental.topologies`` devices: TPUs need libtpu (v4 and
-v5p as megacore chips, one device per chip), GPUs JAX's CUDA plugin (the
-``gpu-aot`` extra; "deviceless" compiles from a ``GpuTargetConfig`` in
-``gpu_targets/``). On the ``cpu`` platform a TPU or GPU name stands for a
-simulated CPU mesh with as many devices, and fitting is estimated against
-that device's memory.
-
-Usable memory per device: on TPUs what the compiler reports as available when
-a program does not fit (libtpu 0.0.42.1; ``probe_usable_hbm`` measures it):
-TPUv2 7.48 GiB of its 8, v3 15.48 of 16, v4 30.75 of 32, v5e 15.75 of 16,
-v5p 95.74 of 95.74. On GPUs the device's memory times ``GPU_MEMORY_FRACTION``,
-the share JAX may take in the command that runs there (``tools/gpu_check.py``).
+Names: ``GENERATION:TOPOLOGY`` for a TPU slice (``v2:16x16``, ``v4:8x8x8``), ``h100:N`` or
+``h200:N`` for GPUs of one NVLink node (N up to 8), ``cpu:N``. TPU targets need libtpu,
+GPU targets the ``gpu-aot`` extra; on the ``cpu`` platform a TPU or GPU name stands for a
+CPU mesh of as many devices, its fit estimated against that device's usable memory.
 """
 
 from __future__ import annotations
@@ -34,7 +23,8 @@ if TYPE_CHECKING:
 
 GIB = 1 << 30
 
-# generation -> (devices per chip, usable HBM per device in GiB, chip config name)
+# generation -> (devices per chip, usable HBM per device in GiB, chip config name). Usable:
+# what libtpu 0.0.42.1 reports as available when a program does not fit (probe_usable_hbm).
 GENERATIONS: dict[str, tuple[int, float, str | None]] = {
     "v2": (2, 7.48, None),
     "v3": (2, 15.48, None),

@@ -1,27 +1,10 @@
 """Checksums of a checkpoint's arrays, so that corrupt array data is never restored.
 
-Why our own: orbax 0.12.8 writes each array as zarr (v2, zstd-compressed chunks)
-inside an OCDBT database. TensorStore checksums OCDBT's own tree nodes and, in
-zarr v3, the shard index (crc32c), but not the chunk data: zstd frames are
-written without their content checksum and orbax has no option to add zarr v3's
-``crc32c`` codec to the chunks. A flipped byte in a data file decodes to wrong
-values without any error (measured: one byte, over a thousand values changed).
-
-The choice: one 32-bit checksum per array (as crc32), the wrapping sum over its
-elements of a mix of (global element index, element bits). A sum does
-not depend on the order of its terms, so it is computed by ``jit`` on the
-global array where it lies, sharded on any mesh across any number of hosts:
-each device sums its shard and XLA adds the partial sums, with nothing
-gathered to one host. The value is the same whatever mesh saved or restores
-the array, so a checkpoint saved on one mesh is verified on another. For a
-fixed index the mix is a bijection of the bits, so a change of any single
-element always changes the checksum; several changed (or moved) elements go
-unnoticed with a probability of about 2^-32. The cost is one pass over the
-state on the devices at save and at restore, and one compilation per run (one
-program for the whole state, cached on disk with JAX's compilation cache).
-
-The checksums travel in the checkpoint's ``meta`` item (``CHECKSUMS_KEY``),
-written in the same atomic step as the arrays.
+One 32-bit checksum per array, computed by ``jit`` where the array lies (any
+mesh, any number of hosts) and the same whatever mesh saved or restores it; the
+checksums travel in the checkpoint's ``meta`` item (``CHECKSUMS_KEY``). Why
+orbax's own checks miss corrupt chunk data, and the detection odds:
+docs/training.md.
 """
 
 from __future__ import annotations

@@ -1,38 +1,10 @@
 """Checkpoints through orbax: periodic asynchronous saves, exact restores onto any mesh.
 
-A checkpoint ``MODEL_DIR/checkpoints/<step>/`` holds three items: ``state``
-(the train state's arrays), ``meta`` (JSON: the input position as a batch
-count, the input shards, the parameters' logical axes) and ``input`` (the
-input pipeline's position, one file per input shard, ``InputStateHandler``).
-Orbax writes each save to a temporary directory and renames it when every
-item is complete, so the input position always belongs to the step it is
-saved with, an interrupted or failed save leaves the previous checkpoints
-untouched and is never mistaken for one. A failed save is one line
-(``CheckpointError``) naming the step, the cause and the last good checkpoint.
-The newest checkpoint is always kept, whatever ``max_to_keep``.
-
-Every array's checksum is saved in ``meta`` and verified on restore
-(``checkpoint_integrity``): corrupt array data is a one-line
-``CorruptCheckpointError`` naming the step directory and the array, never a
-restored state. ``restore_latest(..., fallback=True)`` then sets the corrupt
-checkpoint aside (``<step>.corrupt``) and restores the one before it; by
-default it stops. Checkpoints saved before checksums restore with a note.
-
-A step directory is complete when orbax's structural files are all there
-(``missing_parts``). A kill while orbax deletes an old checkpoint leaves an
-incomplete one behind; opening ``Checkpoints`` (process 0) removes incomplete
-step directories older than the newest complete one. A step newer than every
-complete one is never touched (on object stores, a save in flight writes there);
-temporary directories (``<step>.orbax-checkpoint-tmp-*``) left by a dead run are
-orbax's to remove, which it does in the background when the manager opens.
-
-Restores take an abstract target whose arrays carry ``NamedSharding``s: the
-saved values are read shard by shard onto that mesh, whatever mesh saved them.
-Before reading, the saved tree is compared with the target, so a checkpoint
-of another model fails with the names of the arrays that differ.
-
-Paths are ``etils.epath`` paths, as orbax's: ``gs://bucket/run`` works as a
-local directory does.
+``Checkpoints`` saves ``MODEL_DIR/checkpoints/<step>/`` (items ``state``, ``meta``,
+``input``) atomically and restores it onto the shardings of an abstract target,
+whatever mesh saved it. Every array's checksum is verified on restore: a failed
+save is a one-line ``CheckpointError``, corrupt data a ``CorruptCheckpointError``
+naming the step and the array. Layout and guarantees: docs/training.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """What a training run has cost, over every attempt: ``MODEL_DIR/compute.json``.
 
-A run resumed after a kill is several processes; the time of one killed before it could
-report is otherwise lost. The trainer records its process's CPU and wall seconds at
-every checkpoint it saves, one entry per attempt (the work after an attempt's last save
-is redone by the next one, and counted there). ``total`` sums them: the run's cost
-however many attempts it took.
+The trainer records its process's CPU and wall seconds at every checkpoint it
+saves, one entry per attempt, so the time of an attempt that was killed is not
+lost (work after its last save is redone, and counted, by the next); ``total``
+sums them.
 """
 
 from __future__ import annotations

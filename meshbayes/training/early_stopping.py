@@ -1,11 +1,9 @@
 """Early stopping on the validation NLL of the trainer's periodic evaluations.
 
-A run stops at the validation pass that completes ``patience`` passes in a row without
-lowering the best validation NLL so far by more than ``min_delta``
-(``run_configs.EvaluationConfig``); ``train_steps`` stays the cap. The decision is a pure
-function of the run's evaluation history (``MODEL_DIR/eval/metrics.jsonl``), so a resumed
-run stops where the uninterrupted one would. A stopped run writes ``MODEL_DIR/
-early_stopping.json`` (``STOP_FILE``): the step it stopped at and its best step.
+``stop_point`` is a pure function of the run's evaluation history
+(``MODEL_DIR/eval/metrics.jsonl``) and ``run_configs.EvaluationConfig``'s
+``patience`` and ``min_delta``, so a resumed run stops where the uninterrupted one
+would; a stopped run writes ``MODEL_DIR/early_stopping.json`` (``STOP_FILE``).
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Each host's share of the training input, the same whatever the number of hosts.
 
-The training split is read as ``input_shards`` seqio shards (``ShardInfo``),
-each batched on its own; a step's global batch is shard 0's batch, then
-shard 1's, and so on. A host reads only the shards whose rows its devices hold
-(``partitioning.DataLayout``), so with ``input_shards`` fixed the global
-batches do not depend on how many processes feed them: a run of 1 process and
-one of 2 processes see the same examples at every step.
-
-The input's position is saved per shard (``HostBatches.states``, one entry
-named after each shard, ``state_name``), so a checkpoint written by N
-processes resumes in M: each host restores exactly the shards it now reads.
+The split is read as ``input_shards`` seqio shards; a step's global batch is
+shard 0's batch, then shard 1's, and so on, and a host reads only the shards its
+devices' rows need. The position is saved per shard (``HostBatches.states``), so
+a checkpoint of N processes resumes in M (docs/multihost.md).
 """
 
 from __future__ import annotations

@@ -1,63 +1,11 @@
 """IVON: variational learning with an Adam-like optimizer (Shen et al., ICML 2024).
 
-Improved Variational Online Newton learns a diagonal Gaussian posterior
-``N(m, sigma^2)`` over every weight of a deterministic model. The mean ``m`` is
-the parameter itself; ``sigma = 1 / sqrt(ess * (h + weight_decay))`` comes
-from a Hessian estimate ``h`` kept like Adam's second moment. With ``delta``
-the weight decay, ``lambda`` the effective sample size ``ess``, ``t`` the
-step (from 1) and ``g_hat`` the gradient of the minibatch-mean loss at
-``theta = m + eps``, ``eps ~ N(0, sigma^2)``, Algorithm 1 of the paper is::
-
-  h_hat = g_hat * eps / sigma^2 = ess * (h + delta) * eps * g_hat   (averaged over samples)
-  g     <- beta1 g + (1 - beta1) g_hat
-  h     <- beta2 h + (1 - beta2) h_hat + 0.5 (1 - beta2)^2 (h - h_hat)^2 / (h + delta)
-  m     <- m - lr * clip((g / (1 - beta1^t) + delta m) / (h + delta), +-clip_radius)
-
-The new ``h + delta`` is ``(h + delta)(1 + x + x^2/2)`` with
-``x = (1 - beta2)(h_hat - h)/(h + delta)``, so it stays positive. The prior is
-``N(0, 1 / (ess * weight_decay))`` per weight: prior precision
-``= weight_decay * ess``. The loss is a mean over the batch's units and
-``ess`` the number of training units (the KL scaling of ``meshbayes.layers``).
-
-Learning rates: this is the paper's Algorithm 1. The ``ivon-opt`` package
-(0.1.3, ``rescale_lr=True``) and ``ivon-optax`` multiply the learning rate by
-``hess_init + weight_decay``; a learning rate tuned there is that product here.
-
-Noise. Each step's ``eps`` is a pure function of the state (its ``seed``,
-``count``, Hessian) and the Monte Carlo sample's index, so the update never
-stores it and the state alone makes a resumed run exact. Each leaf draws with
-its own key, folded from its tree path (``layers.weight_posterior``'s
-``scaled_normal``): a sharded leaf is drawn shard by shard on its devices
-(jax's partitionable threefry, the default in jax 0.10), with the same values
-on any mesh. Data-parallel replicas therefore share one ``eps`` per sample:
-the step is one jitted computation on the global batch, exactly the algorithm
-above with ``mc_samples`` samples. The paper's multi-GPU runs drew independent
-noise per replica (R replicas: R weight samples per step, each on a slice of
-the batch, at no extra compute). Here that would need a perturbed copy of the
-weights per replica (R times their memory, and no sharding of weights over
-the data axis, as ``fsdp_tp`` does) and would tie the result to the mesh. It
-costs little: ``h`` averages ``h_hat`` over about ``1 / (1 - beta2)`` steps
-(1e5 at the authors' 0.99999), so R samples per step barely change it, and the
-mean's gradient noise from ``eps`` is small next to the minibatch's at the
-narrow posteriors of large ``ess``. ``mc_samples`` > 1 averages more samples
-at that many times the compute.
-
-A train step (gradients at perturbed weights, ``mc_samples`` of them)::
-
-  config = optimizer.ivon                      # an IVON with ess set
-  tx = optimizer.transformation(seed=seed)     # its optax transformation
-  stats = ivon.zero_statistics(params)
-  for i in range(config.mc_samples):           # or lax.fori_loop over i
-    noise = config.noise(opt_state, i)
-    grads = jax.grad(loss_fn)(ivon.perturb(params, noise), batch, jax.random.fold_in(rng, i))
-    stats = ivon.accumulate(stats, grads, noise)
-  updates, opt_state = tx.update(stats, opt_state, params)
-  params = optax.apply_updates(params, updates)
-
-``tx.update`` takes the statistics, not gradients, so it is used alone (not in
-``optax.chain``); it clips the mean gradient's global norm itself, scaling
-``eps * g`` with it (for one sample: the authors' per-sample clipping).
-After training, ``config.posterior(params, opt_state)`` is the posterior.
+A diagonal Gaussian posterior over a deterministic model's weights: the mean is the
+parameter, the stddev ``1 / sqrt(ess * (h + weight_decay))`` comes from a Hessian
+estimate ``h``. ``IVON.transformation``'s ``update`` takes ``GradientStatistics``
+(gradients at ``perturb(params, IVON.noise(state, i))``, ``accumulate``d), not
+gradients, so it is used alone, not in ``optax.chain``; ``IVON.posterior`` is the
+result. The update, its noise and a train step: docs/training.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Whether a posterior has converged: its median stddev per layer group over training.
 
-The trainer writes ``posterior_stddev_median/<group>`` at each periodic evaluation
-(``MODEL_DIR/eval/metrics.jsonl``) for Bayesian layers and for IVON.
+The trainer logs ``posterior_stddev_median/<group>`` at each periodic evaluation;
 ``relative_change`` reads the end of that curve: stddevs still moving over the
-last tenth of a run mean the posterior is a point on its optimizer's trajectory,
-not the ELBO's optimum.
+last tenth of a run are a point on the optimizer's path, not the ELBO's optimum.
 """
 
 from __future__ import annotations

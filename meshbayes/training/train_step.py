@@ -1,9 +1,8 @@
-"""The train state, the pure functions the trainer jits (one training step, one
-evaluation step) and how the trainer jits the training step.
+"""The train state, the pure training and evaluation steps, and how the trainer jits
+the training step (``jit_train_step``).
 
-``tools/scaling_study.py`` and ``tools/bench.py`` compile the same jitted step
-(``jit_train_step``) that ``meshbayes.train`` runs; this module imports no
-data pipeline, so they do not load TensorFlow.
+``tools/bench.py`` and ``tools/scaling_study.py`` compile the same jitted step;
+this module imports no data pipeline, so they do not load TensorFlow.
 """
 
 from __future__ import annotations
@@ -82,17 +81,11 @@ def gradients(model: BaseModel, params: Any, batch: Batch, rng: Array, kl_weight
               num_microbatches: int = 1) -> tuple[Any, dict[str, Array]]:
   """The gradient of the batch's loss and the batch's metrics, computed in microbatches.
 
-  The microbatches' gradients of their summed losses and their ``loss_sums``
-  are summed in float32 and divided once by the batch's loss units, so the
-  gradient and the metrics are the whole batch's (up to rounding) however
-  many target tokens each microbatch holds.
-
-  Microbatch ``i`` draws its dropout and weight noise from ``fold_in(rng, i)``:
-  a Bayesian model draws one weight sample (or set of Flipout signs and
-  local-reparameterization noise) per microbatch, independent of the
-  others'. Each microbatch's gradient is an unbiased estimate of its share of
-  the ELBO's, so their sum is of the batch's; it is not the same number as
-  the unsplit step's, whose single sample spans the whole batch.
+  The microbatches' gradients and ``loss_sums`` are summed in float32 and divided
+  once by the batch's loss units, so both are the whole batch's however many
+  target tokens each microbatch holds. Microbatch ``i`` draws its dropout and
+  weight noise from ``fold_in(rng, i)``: the sum is an unbiased estimate of the
+  batch's gradient, but not the unsplit step's number (one sample for the batch).
 
   Args:
     model: the model (its ``loss_sums`` and ``metrics_from_sums``).

@@ -1,34 +1,8 @@
-"""The training loop (T5X style): sharded state, jitted steps, metrics, evaluation and
-checkpoints that resume exactly.
-
-Running ``train`` again with the same ``model_dir`` resumes from the latest
-checkpoint: the state, the input position and the per-step rng
-``fold_in(seed, step)`` are all restored, so the parameters after N steps are
-bit-identical however many times the run was interrupted. The input position
-is the input iterators' saved state (restored in the same time at any step);
-checkpoints that hold none (older ones) resume by reading and dropping the
-batches consumed. With ``EvaluationConfig.patience`` a run stops early on its validation
-NLL (``meshbayes.training.early_stopping``), and a resumed run where the uninterrupted one would.
-
-What keeps a model directory trustworthy:
-
-- One writer: a run holds ``MODEL_DIR/RUN_LOCK`` (``meshbayes.runtime.run_lock``, by
-  process 0) for its life; a second run stops with one line naming the holder.
-- Only finite states are saved: the train step reports whether its new
-  parameters and optimizer state are all finite (one reduction on device);
-  the first that is not stops the run, naming the last finite checkpoint.
-- A resume must match what the checkpoints were trained with: the same
-  vocabulary (its fingerprint is in every checkpoint's meta) and the same
-  batch size (the input position is counted in batches).
-- ``config.gin`` describes the checkpoints: each start writes its
-  configuration to ``configs/start-<step>-<time>.gin`` once the state is
-  restored or initialized and the step compiled, and to ``config.gin`` (what
-  ``meshbayes.eval``/``infer`` read) when it saves its first checkpoint; a
-  start that fails before then leaves both as they were.
-- SIGTERM and SIGINT (``meshbayes.runtime.preemption``) save the last
-  completed step and exit 143 or 130; before the first new step, at once.
-
-``model_dir`` may be local or a URI such as ``gs://bucket/run`` (``etils.epath``).
+"""The training loop (T5X style): sharded state, jitted steps, metrics, validation passes
+and checkpoints. ``train`` with an existing ``model_dir`` resumes from its latest
+checkpoint bit-identically (state, input position, per-step rng), stops early where an
+uninterrupted run would, and saves only finite states; one run holds the directory at a
+time (docs/training.md, "The trainer"). ``model_dir`` may be a URI.
 """
 
 from __future__ import annotations
@@ -41,6 +15,7 @@ import math
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import gin
@@ -232,95 +207,201 @@ def train(*, model_dir: str, model: BaseModel, data: TaskData, train_steps: int,
                                         checkpoint.async_save)
     cleanup.callback(ckpts.close)
     cleanup.callback(ckpts.wait)  # runs first: every started save lands, even on errors
-    return _run(_Run(
-        model_dir=model_dir, model=model, data=data, vocabulary=vocabulary,
-        train_steps=train_steps, seed=seed, log_period=log_period, checkpoint=checkpoint,
-        evaluation=evaluation, input=input, partitioner=partitioner, steps=steps,
-        abstract=abstract, shardings=shardings, ckpts=ckpts, cleanup=cleanup))
+    start = _restore_or_initialize(
+        ckpts, partitioner, abstract, checkpoint.fallback_on_corrupt,
+        check=lambda meta, step_dir: _check_resume(meta, step_dir, data, vocabulary),
+        initialize=lambda: _initialize(model, steps, data, partitioner, abstract, checkpoint,
+                                       seed))
+    layout = partitioner.data_layout(data.batch_size)
+    host_input = HostInput(data, layout, input.shards or start.input_shards or layout.num_shards)
+    meta = _checkpoint_meta(model, data, steps, abstract, vocabulary, host_input)
+    state, step = start.state, int(start.state.step)
+    history = (early_stopping.validation_history(model_dir, step) if evaluation.patience
+               else [])
+    stopped = evaluation.patience and early_stopping.stop_point(history, evaluation.patience,
+                                                                evaluation.min_delta)
+    if stopped:
+      _say(f"{model_dir} stopped early at step {stopped.step} (best step {stopped.best_step}); "
+           "nothing to do")
+      return state
+    if step >= train_steps:
+      _say(f"{model_dir} already holds step {step} >= train_steps={train_steps}; nothing to do")
+      return state
+    if jax.process_index() == 0:  # an earlier stop that other settings now continue
+      (model_dir / early_stopping.STOP_FILE).unlink(missing_ok=True)
+    batches = _open_input(host_input, ckpts, start.restored_step, start.data_position)
+    compiled = _compile(steps, partitioner, shardings, state, batches, model_dir)
+    # One host per group of hosts reading the same shards saves their position.
+    saves_input = partitioner.shard_readers()[layout.shard_id][0] == jax.process_index()
+    outputs = _Outputs.open(model_dir, ckpts, meta, saves_input, cleanup, step)
+    evaluate = _validation(steps, partitioner, shardings, data, layout)
+    schedule = _Schedule(train_steps, log_period, checkpoint.period, evaluation)
+    return _train_loop(state, start, compiled, schedule, outputs, evaluate, history)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class _Run:
-  """What ``train`` prepared for ``_run``: its settings and the objects built from them."""
-  model_dir: epath.Path
-  model: BaseModel
-  data: TaskData
-  vocabulary: str
-  train_steps: int
-  seed: int
-  log_period: int
-  checkpoint: CheckpointConfig
-  evaluation: EvaluationConfig
-  input: InputConfig
-  partitioner: Partitioner
-  steps: StepFunctions
-  abstract: TrainState
-  shardings: Any
-  ckpts: checkpoints_lib.Checkpoints
-  cleanup: contextlib.ExitStack
+@dataclasses.dataclass(frozen=True)
+class _Start:
+  """Where this start of a run begins.
+
+  Attributes:
+    state: the train state restored or initialized.
+    restored_step: the step of the checkpoint restored; None for a new run.
+    data_position: training batches consumed before ``state`` (0 for a new run).
+    input_shards: the input shards the checkpoint's run read (a resumed run keeps its
+      input order whatever the hosts); None for a new run.
+  """
+  state: TrainState
+  restored_step: int | None
+  data_position: int
+  input_shards: int | None
 
 
-def _run(run: _Run) -> TrainState:
-  """Restores or initializes the state, then trains to ``run.train_steps``."""
-  model_dir, model, data, vocabulary = run.model_dir, run.model, run.data, run.vocabulary
-  train_steps, partitioner, steps, ckpts = run.train_steps, run.partitioner, run.steps, run.ckpts
-  abstract, shardings, log_period = run.abstract, run.shardings, run.log_period
-  fallback, input_shards = run.checkpoint.fallback_on_corrupt, run.input.shards
-  layout = partitioner.data_layout(data.batch_size)
+def _restore_or_initialize(ckpts: checkpoints_lib.Checkpoints, partitioner: Partitioner,
+                           abstract: TrainState, fallback: bool,
+                           check: Callable[[dict[str, Any], epath.Path], None],
+                           initialize: Callable[[], TrainState]) -> _Start:
+  """The latest checkpoint's state, checked by ``check(meta, step_dir)`` (with
+  ``fallback``, the newest intact one, checked after reading), or ``initialize()``."""
   latest = ckpts.latest_step()
-  if latest is not None:
-    _say(f"resuming from the checkpoint of step {latest} in {ckpts.directory}")
-    if not fallback:  # fail before reading the arrays
-      _check_resume(checkpoints_lib.read_meta(ckpts.step_dir(latest)), ckpts.step_dir(latest),
-                    data, vocabulary)
-    latest, state, saved_meta = ckpts.restore_latest(partitioner.placed(abstract), fallback)
-    if fallback:  # the step restored may be an older one
-      _check_resume(saved_meta, ckpts.step_dir(latest), data, vocabulary)
-    data_position = int(saved_meta["data_position"])
-    if input_shards is None:  # keep the resumed run's input order, whatever the hosts
-      input_shards = int(saved_meta.get("input_shards", 1))
-  else:
-    num_params = sum(x.size for x in jax.tree.leaves(abstract.params))
-    _say(f"initializing the train state ({num_params:,} parameters) on a "
-         f"{' x '.join(f'{k}={v}' for k, v in partitioner.mesh.shape.items())} mesh")
-    state, _ = partitioner.init(
-        lambda k: init_train_state(model, steps.optimizer, data.input_shapes(), k),
-        jax.random.key(run.seed))
-    data_position = 0
-    if run.checkpoint.initial_checkpoint:
-      state = _initial_parameters(state, abstract, run.checkpoint, partitioner)
-  if input_shards is None:
-    input_shards = layout.num_shards
-  host_input = HostInput(data, layout, input_shards)
-  # One host per group of hosts reading the same shards saves their position.
-  saves_input = partitioner.shard_readers()[layout.shard_id][0] == jax.process_index()
+  if latest is None:
+    return _Start(initialize(), None, 0, None)
+  _say(f"resuming from the checkpoint of step {latest} in {ckpts.directory}")
+  if not fallback:  # fail before reading the arrays
+    check(checkpoints_lib.read_meta(ckpts.step_dir(latest)), ckpts.step_dir(latest))
+  latest, state, saved_meta = ckpts.restore_latest(partitioner.placed(abstract), fallback)
+  if fallback:  # the step restored may be an older one
+    check(saved_meta, ckpts.step_dir(latest))
+  return _Start(state, latest, int(saved_meta["data_position"]),
+                int(saved_meta.get("input_shards", 1)))
+
+
+def _initialize(model: BaseModel, steps: StepFunctions, data: TaskData,
+                partitioner: Partitioner, abstract: TrainState, checkpoint: CheckpointConfig,
+                seed: int) -> TrainState:
+  """A new run's state: initialized from ``seed``, its parameters from
+  ``checkpoint.initial_checkpoint`` when one is set."""
+  num_params = sum(x.size for x in jax.tree.leaves(abstract.params))
+  _say(f"initializing the train state ({num_params:,} parameters) on a "
+       f"{' x '.join(f'{k}={v}' for k, v in partitioner.mesh.shape.items())} mesh")
+  state, _ = partitioner.init(
+      lambda k: init_train_state(model, steps.optimizer, data.input_shapes(), k),
+      jax.random.key(seed))
+  if checkpoint.initial_checkpoint:
+    state = _initial_parameters(state, abstract, checkpoint, partitioner)
+  return state
+
+
+def _checkpoint_meta(model: BaseModel, data: TaskData, steps: StepFunctions,
+                     abstract: TrainState, vocabulary: str,
+                     host_input: HostInput) -> dict[str, Any]:
+  """What every checkpoint of this start records beside its arrays."""
   meta = {"param_logical_axes": _param_axes(abstract), "input_shards": host_input.input_shards,
           "batch_size": data.batch_size, "vocabulary": vocabulary, "task": data.task}
   if getattr(model, "num_train_units", None) is not None:  # the KL's D, for evaluation
     meta["num_train_units"] = float(model.num_train_units)
   if steps.ivon is not None:  # what turns the saved state into the posterior
     meta[IVON_META] = {"ess": steps.ivon.ess, "weight_decay": steps.ivon.weight_decay}
-  start = int(state.step)
-  patience, min_delta = run.evaluation.patience, run.evaluation.min_delta
-  history = early_stopping.validation_history(model_dir, start) if patience else []
-  stopped = patience and early_stopping.stop_point(history, patience, min_delta)
-  if stopped:
-    _say(f"{model_dir} stopped early at step {stopped.step} (best step {stopped.best_step}); "
-         "nothing to do")
-    return state
-  if start >= train_steps:
-    _say(f"{model_dir} already holds step {start} >= train_steps={train_steps}; nothing to do")
-    return state
-  if jax.process_index() == 0:  # an earlier stop that other settings now continue
-    (model_dir / early_stopping.STOP_FILE).unlink(missing_ok=True)
-  # This attempt's cost beside the earlier ones' (process 0's own process).
-  compute = compute_log.ComputeLog(model_dir, start) if jax.process_index() == 0 else None
+  return meta
 
-  writer = MetricsWriter(model_dir / "train", model_dir / "metrics.jsonl")
-  eval_writer = MetricsWriter(model_dir / "eval", model_dir / "eval" / "metrics.jsonl")
-  run.cleanup.callback(writer.close)
-  run.cleanup.callback(eval_writer.close)
-  progress = ProgressBar(train_steps, start)
+
+@dataclasses.dataclass(frozen=True)
+class _Compiled:
+  """The train step compiled for this start.
+
+  Attributes:
+    step_fn: ``(state, this host's batch) -> (state, metrics)``.
+    batches: this host's training batches, after ``first_batch``.
+    first_batch: the batch the step was compiled with: the first step's.
+    configuration: the gin configuration of this start ('' without gin).
+    started: when compilation began (``time.perf_counter``).
+  """
+  step_fn: Callable[..., tuple[TrainState, dict[str, jax.Array]]]
+  batches: HostBatches
+  first_batch: dict[str, np.ndarray]
+  configuration: str
+  started: float
+
+
+def _compile(steps: StepFunctions, partitioner: Partitioner, shardings: Any,
+             state: TrainState, batches: HostBatches, model_dir: epath.Path) -> _Compiled:
+  """Compiles the train step on the first batch; records the start's configuration in
+  ``configs/`` once it is known to work."""
+  _say(f"compiling the train step (step {int(state.step) + 1})...")
+  started = time.perf_counter()
+  first_batch = next(batches)
+  with partitioner.activation_rules():
+    compiled = jit_train_step(steps, partitioner, shardings).lower(
+        state, partitioner.global_batch(first_batch)).compile()
+
+  def step_fn(state: TrainState, host_batch: dict[str, np.ndarray]):
+    with partitioner.activation_rules():
+      return compiled(state, partitioner.global_batch(host_batch))
+
+  configuration = gin.config_str()
+  if configuration and jax.process_index() == 0:
+    (model_dir / "configs").mkdir(exist_ok=True)
+    write_text_atomically(
+        model_dir / "configs" / f"start-{int(state.step)}-{time.strftime('%Y%m%d-%H%M%S')}.gin",
+        configuration)
+  return _Compiled(step_fn, batches, first_batch, configuration, started)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Schedule:
+  """When the loop logs, evaluates and saves.
+
+  Attributes:
+    train_steps: the step the run trains to.
+    log_period: steps between metric writes.
+    checkpoint_period: steps between checkpoints (the last step is always saved).
+    evaluation: the validation passes and early stopping.
+  """
+  train_steps: int
+  log_period: int
+  checkpoint_period: int
+  evaluation: EvaluationConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class _Outputs:
+  """Where the loop's results go.
+
+  Attributes:
+    model_dir: the run's directory (``config.gin``, the early-stopping record).
+    ckpts: its checkpoints.
+    meta: what each checkpoint records beside its arrays (and its data position).
+    saves_input: whether this host saves its input iterators' positions.
+    writer: the training metrics.
+    eval_writer: the validation passes' metrics.
+    compute: this attempt's cost log (process 0; None on the others).
+  """
+  model_dir: epath.Path
+  ckpts: checkpoints_lib.Checkpoints
+  meta: dict[str, Any]
+  saves_input: bool
+  writer: MetricsWriter
+  eval_writer: MetricsWriter
+  compute: compute_log.ComputeLog | None
+
+  @classmethod
+  def open(cls, model_dir: epath.Path, ckpts: checkpoints_lib.Checkpoints,
+           meta: dict[str, Any], saves_input: bool, cleanup: contextlib.ExitStack,
+           first_step: int) -> _Outputs:
+    """The writers opened (closed by ``cleanup``) and the compute log of this attempt,
+    which starts at ``first_step``."""
+    writer = MetricsWriter(model_dir / "train", model_dir / "metrics.jsonl")
+    eval_writer = MetricsWriter(model_dir / "eval", model_dir / "eval" / "metrics.jsonl")
+    cleanup.callback(writer.close)
+    cleanup.callback(eval_writer.close)
+    compute = None
+    if jax.process_index() == 0:  # this attempt's cost beside the earlier ones'
+      compute = compute_log.ComputeLog(model_dir, first_step)
+    return cls(model_dir, ckpts, meta, saves_input, writer, eval_writer, compute)
+
+
+def _validation(steps: StepFunctions, partitioner: Partitioner, shardings: Any,
+                data: TaskData, layout: Any) -> Callable[[TrainState], dict[str, float]]:
+  """The validation pass: teacher-forced metrics and the posterior stddevs' medians."""
   eval_fn = jax.jit(steps.eval_step, in_shardings=(
       shardings.params, NamedSharding(partitioner.mesh, partitioner.batch_spec)))
   stddev_medians = jax.jit(lambda p, o: median_stddevs(steps.posterior_stddevs(p, o)))
@@ -331,21 +412,20 @@ def _run(run: _Run) -> TrainState:
     medians = jax.device_get(stddev_medians(state.params, state.opt_state))
     return metrics | {k: float(v) for k, v in medians.items()}
 
-  batches = _open_input(host_input, ckpts, latest, data_position)
-  _say(f"compiling the train step (step {start + 1})...")
-  started = time.perf_counter()
-  host_batch = next(batches)
-  with partitioner.activation_rules():
-    step_fn = jit_train_step(steps, partitioner, shardings).lower(
-        state, partitioner.global_batch(host_batch)).compile()
-  configuration = gin.config_str()
-  if configuration and jax.process_index() == 0:  # the start's, once it is known to work
-    (model_dir / "configs").mkdir(exist_ok=True)
-    write_text_atomically(
-        model_dir / "configs" / f"start-{start}-{time.strftime('%Y%m%d-%H%M%S')}.gin",
-        configuration)
-  STOP_SIGNALS.exit_at_once = False  # from the first new step on, a signal saves it
+  return evaluate
 
+
+def _train_loop(state: TrainState, start: _Start, compiled: _Compiled, schedule: _Schedule,
+                outputs: _Outputs, evaluate: Callable[[TrainState], dict[str, float]],
+                history: list[tuple[int, float]]) -> TrainState:
+  """Trains ``state`` to ``schedule.train_steps``, logging, evaluating with ``evaluate``
+  (stopping early on ``history``, the validation NLLs so far, extended), saving, and
+  stopping on a signal or a non-finite step."""
+  ckpts, model_dir, evaluation = outputs.ckpts, outputs.model_dir, schedule.evaluation
+  patience, min_delta = evaluation.patience, evaluation.min_delta
+  first = step = int(state.step)
+  progress = ProgressBar(schedule.train_steps, first)
+  STOP_SIGNALS.exit_at_once = False  # from the first new step on, a signal saves it
   # Metrics stay on the device until a step that logs, evaluates, saves or stops: the host
   # dispatches the next steps meanwhile (T5X-style). Every step's loss is checked finite
   # there, and a state before it is saved (a non-finite state makes the next loss so).
@@ -353,46 +433,46 @@ def _run(run: _Run) -> TrainState:
   pending: list[tuple[int, dict[str, jax.Array]]] = []
   window: list[dict[str, float]] = []
   window_start, window_tokens = time.perf_counter(), 0.0
-  last_saved, step = latest, start
-  while step < train_steps:
-    if step > start:  # the first step's batch was read to compile the step
-      host_batch = next(batches)
-    with partitioner.activation_rules():
-      state, metrics = step_fn(state, partitioner.global_batch(host_batch))
+  last_saved, data_position, stopped = start.restored_step, start.data_position, None
+  host_batch = compiled.first_batch
+  while step < schedule.train_steps:
+    if step > first:  # the first step's batch was read to compile the step
+      host_batch = next(compiled.batches)
+    state, metrics = compiled.step_fn(state, host_batch)
     data_position += 1
     step += 1
     pending.append((step, metrics))
-    if step > start + 1:
+    if step > first + 1:
       window_tokens += float(np.sum(host_batch["decoder_loss_weights"])) * jax.process_count()
-    logs = step % log_period == 0 or step == train_steps
-    evaluates = bool(run.evaluation.period) and step % run.evaluation.period == 0
-    saves = step % run.checkpoint.period == 0 or step == train_steps
+    logs = step % schedule.log_period == 0 or step == schedule.train_steps
+    evaluates = bool(evaluation.period) and step % evaluation.period == 0
+    saves = step % schedule.checkpoint_period == 0 or step == schedule.train_steps
     stop = STOP_SIGNALS.received
-    if not (logs or evaluates or saves or stop or step == start + 1):
+    if not (logs or evaluates or saves or stop or step == first + 1):
       continue
     for done, values in read_metrics(pending):
       if not math.isfinite(values["loss"]):
         _stop_non_finite(done, values["loss"], bool(state_is_finite(state)), ckpts, last_saved)
-      if done > start + 1:  # the first step includes compilation: not throughput
+      if done > first + 1:  # the first step includes compilation: not throughput
         window.append(values)
     pending = []
-    if step == start + 1:
+    if step == first + 1:
       window_start = time.perf_counter()
       progress.start_clock(step)
-      _say(f"step {step} took {window_start - started:.1f} s (compilation included); "
-           "training")
+      _say(f"step {step} took {window_start - compiled.started:.1f} s (compilation "
+           "included); training")
     if window and logs:
       seconds = time.perf_counter() - window_start
       logged = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
       logged.update(tokens_per_second=window_tokens / seconds,
                     step_seconds=seconds / len(window))
-      writer.write(step, logged)
+      outputs.writer.write(step, logged)
       progress.update(step, logged)
       window, window_tokens, window_start = [], 0.0, time.perf_counter()
     paused = time.perf_counter()  # evaluation and saving are not step time
     if evaluates:
       validation = evaluate(state)
-      eval_writer.write(step, validation)
+      outputs.eval_writer.write(step, validation)
       if patience:
         history.append((step, validation["nll"]))
         stopped = early_stopping.stop_point(history, patience, min_delta)
@@ -400,14 +480,14 @@ def _run(run: _Run) -> TrainState:
     if (saves or stop) and not state_is_finite(state):
       _stop_non_finite(step, values["loss"], False, ckpts, last_saved)
     if saves or stop:
-      ckpts.save(step, state, dict(meta, data_position=data_position),
-                 batches.states() if saves_input else None)
-      if last_saved in (None, start):  # this start's first checkpoint
-        if configuration and jax.process_index() == 0:
-          write_text_atomically(model_dir / "config.gin", configuration)
+      ckpts.save(step, state, dict(outputs.meta, data_position=data_position),
+                 compiled.batches.states() if outputs.saves_input else None)
+      if last_saved in (None, first):  # this start's first checkpoint
+        if compiled.configuration and jax.process_index() == 0:
+          write_text_atomically(model_dir / "config.gin", compiled.configuration)
       last_saved = step
-      if compute is not None:
-        compute.saved(step)
+      if outputs.compute is not None:
+        outputs.compute.saved(step)
     window_start += time.perf_counter() - paused
     if stopped:
       ckpts.wait()

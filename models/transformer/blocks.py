@@ -1,8 +1,6 @@
-"""Building blocks of the Transformer: normalization, relative position bias,
-attention (with a key/value cache for incremental decoding) and the
-feed-forward block. Every parameter and every activation at a block boundary
-carries logical axis names; the Bayesian estimator of each projection is a
-constructor argument.
+"""Transformer blocks: normalization, relative position bias, attention (with a key/value
+cache for decoding) and feed-forward. Every parameter and block-boundary activation carries
+logical axis names; each projection's Bayesian estimator is a constructor argument.
 """
 
 from __future__ import annotations

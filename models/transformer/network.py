@@ -1,9 +1,8 @@
 """The encoder-decoder Transformer (T5 v1.1 style) built from Bayesian layers.
 
-Pre-norm residual blocks with RMSNorm, relative position biases shared by the
-layers of each stack, gated-GELU (or ReLU) feed-forward layers, no biases,
-dropout. With ``config.scan_layers`` each stack's layers are one
-``nn.scan``-ned layer whose parameters carry a leading ``layers`` axis.
+Pre-norm residual blocks with RMSNorm, relative position biases shared within a stack,
+gated-GELU (or ReLU) feed-forward, no biases, dropout. With ``config.scan_layers`` each
+stack is one ``nn.scan``-ned layer whose parameters have a leading ``layers`` axis.
 """
 
 from __future__ import annotations

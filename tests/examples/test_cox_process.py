@@ -1,7 +1,7 @@
 """The cox_process example at toy size: it runs, writes its figure and JSON, learns the intensity.
 
 Full-size numbers (the command's defaults) are in the JSON the command writes and in
-docs/examples.md.
+docs/results/2026-11-28-layer-examples.md.
 """
 
 import json
