@@ -291,10 +291,13 @@ class Experiment:
   def evaluate(self) -> dict[str, Path]:
     """Evaluates every method at each checkpoint (each result directory once); returns
     each evaluation's result directory (``experiment_plan.result_dirs``)."""
-    budget, results, commands = self.budget, result_dirs(self.budget, self.out), {}
+    budget, results = self.budget, result_dirs(self.budget, self.out)
+    commands, averages = {}, set()
     for key, spec in evaluations(self.budget, self.out).items():
       result_dir = results[key]
       if result_dir.name == key.replace("@", "_") and not (result_dir / "metrics.json").is_file():
+        if _averages(spec["method"]):
+          averages.add(f"eval {key}")
         commands[f"eval {key}"] = ("eval", self._eval_args(
             self.out / "runs" / spec["run"], result_dir, "evaluate.split='test'",
             f"evaluate.checkpoint_step={spec['step']}",
@@ -307,7 +310,7 @@ class Experiment:
             *spec["extra"]))
     # The model averages first (S passes per decode): with two jobs, the point estimates
     # fill in beside them instead of leaving one to run alone at the end.
-    self._run_all(dict(sorted(commands.items(), key=lambda item: not _averages(item[0]))))
+    self._run_all(dict(sorted(commands.items(), key=lambda item: item[0] not in averages)))
     return results
 
   def tune(self, method: str, settings: Sequence[dict[str, str]]) -> Path:
@@ -376,11 +379,9 @@ class Experiment:
             f"{spent / 3600:.2f} CPU-hours.\n")
 
 
-def _averages(command: str) -> bool:
-  """Whether evaluation ``eval <method or run>@<checkpoint>`` predicts with a model average
-  (a run of another seed as its recipe's method)."""
-  name = command.removeprefix("eval ").split("@")[0].rsplit("_seed", 1)[0]
-  return any(p == "model_average" for p, _ in predictive_methods.get(name).columns)
+def _averages(method: str) -> bool:
+  """Whether ``method`` predicts with a model average (S passes per decode)."""
+  return any(p == "model_average" for p, _ in predictive_methods.get(method).columns)
 
 
 def _headline(run_dir: Path) -> dict[str, float]:

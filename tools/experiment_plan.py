@@ -282,9 +282,10 @@ def stopped_at(run_dir: Path) -> int | None:
 
 
 def evaluations(budget: Budget, out: Path) -> dict[str, dict[str, Any]]:
-  """``{'<method>@<checkpoint>': {'run': ..., 'step': ..., 'extra': [...]}}`` of every
-  evaluation of the experiment in ``out`` (its runs trained), and ``'<run>@final'`` for
-  each run of another seed; ``extra`` are the evaluation's own gin bindings."""
+  """``{'<method>@<checkpoint>': {'method': ..., 'run': ..., 'step': ..., 'extra': [...]}}``
+  of every evaluation of the experiment in ``out`` (its runs trained), and
+  ``'<run>@<checkpoint>'`` for each run of another seed (its recipe's method); ``extra``
+  are the evaluation's own gin bindings."""
   runs = out / "runs"
   found = {}
   step_at = lambda checkpoint, run: (best_step(runs / run) if checkpoint == "best"
@@ -299,7 +300,8 @@ def evaluations(budget: Budget, out: Path) -> dict[str, dict[str, Any]]:
         extra.append("evaluation.PredictiveConfig.ensemble_dirs=[{}]".format(", ".join(
             f"'{runs / member / 'checkpoints' / str(step(member))}'"
             for member in budget.runs if member.startswith(f"{run}_seed"))))
-      found[f"{name}@{checkpoint}"] = {"run": run, "step": step(run), "extra": extra}
+      found[f"{name}@{checkpoint}"] = {"method": name, "run": run, "step": step(run),
+                                       "extra": extra}
   # Every other seed as itself, evaluated as its recipe's own method (each recipe is a
   # method too): the seed spread of the deterministic model (the ensemble's members) and
   # of each method with ``seed_spread``.
@@ -308,7 +310,7 @@ def evaluations(budget: Budget, out: Path) -> dict[str, dict[str, Any]]:
     if "_seed" in run:
       recipe = run.rsplit("_seed", 1)[0]
       found[f"{run}@{checkpoint}"] = {
-          "run": run, "step": step_at(checkpoint, run),
+          "method": recipe, "run": run, "step": step_at(checkpoint, run),
           "extra": list(predictive_methods.get(recipe).eval_bindings)}
   return found
 

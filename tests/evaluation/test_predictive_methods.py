@@ -79,13 +79,13 @@ def test_the_experiments_runs_and_bindings_follow_the_registry(tmp_path: Path):
     (tmp_path / "runs" / run / "checkpoints" / "4").mkdir(parents=True)
   found = experiment_plan.evaluations(dataclasses.replace(budget, checkpoints=("final",)),
                                       tmp_path)
-  assert found["mc_dropout@final"] == {"run": "deterministic", "step": 4,
+  assert found["mc_dropout@final"] == {"method": "mc_dropout", "run": "deterministic", "step": 4,
                                        "extra": ["evaluation.PredictiveConfig.method='mc_dropout'"]}
   members = [tmp_path / "runs" / f"deterministic_seed{k}" / "checkpoints" / "4" for k in (1, 2)]
   assert found["ensemble@final"]["extra"] == [
       "evaluation.PredictiveConfig.method='ensemble'",
       f"evaluation.PredictiveConfig.ensemble_dirs=['{members[0]}', '{members[1]}']"]
-  assert found["ivon@final"] == {"run": "ivon", "step": 4, "extra": []}
+  assert found["ivon@final"] == {"method": "ivon", "run": "ivon", "step": 4, "extra": []}
   with pytest.raises(ValueError, match="methods=\\('laplacian',\\): each must be one of "):
     experiment_plan.Budget(train_steps=4, eval_period=2, methods=("laplacian",))
 
