@@ -70,7 +70,6 @@ import contextlib
 import dataclasses
 import gzip
 import json
-import math
 import os
 import re
 import sys

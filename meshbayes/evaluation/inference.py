@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
 import tqdm
 from etils import epath
 

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from meshbayes import launch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,6 +20,14 @@ def train_args(model_dir, steps, *bindings, kind="bayesian"):
           "--gin.run_configs.CheckpointConfig.period=4", "--gin.train.log_period=2",
           # Skip counting the training split's tokens (seconds per process).
           "--gin.models.EncoderDecoderModel.num_train_units=450000", *bindings]
+
+
+def train_or_fail(args):
+  """Runs ``meshbayes.train`` here with ``args``; the test fails if training does."""
+  try:
+    launch.run("meshbayes.train", "train", list(args))
+  except SystemExit as exit_:
+    pytest.fail(f"training failed with {exit_.code}")
 
 
 def run(module, args, timeout=600, **kwargs):

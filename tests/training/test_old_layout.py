@@ -3,16 +3,14 @@
 
 import importlib
 import re
-import shutil
 import sys
 import warnings
 from pathlib import Path
 
 import pytest
 
-from meshbayes import launch
 from meshbayes.runtime.old_paths import MOVED
-from tests.training.runs import ROOT, command, train_args
+from tests.training.runs import ROOT, command, train_args, train_or_fail
 
 # The package's root before the move (commit b574cec), but for __init__.
 ROOT_BEFORE = {
@@ -49,7 +47,7 @@ def test_a_run_from_before_the_move_evaluates_infers_and_resumes(tmp_path, capsy
   model_dir = tmp_path / "run"
   with warnings.catch_warnings():
     warnings.simplefilter("error", DeprecationWarning)  # the new code uses no old path
-    launch.run("meshbayes.train", "train", train_args(model_dir, 4))
+    train_or_fail(train_args(model_dir, 4))
   (model_dir / "config.gin").write_text(
       OLD_CONFIG.read_text().replace("MODEL_DIR_OF_THE_RUN", str(model_dir)))
   moved = re.compile(rb"meshbayes\.(%s)\b" % "|".join(MOVED).encode())

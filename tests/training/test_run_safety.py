@@ -14,11 +14,10 @@ import time
 import numpy as np
 import pytest
 
-from meshbayes import launch
 from meshbayes.training import checkpoints, trainer
 from meshbayes.runtime.run_lock import LOCK_NAME
 from tests.training import runs
-from tests.training.runs import ROOT, one_line, train
+from tests.training.runs import ROOT, one_line, train, train_or_fail
 
 pytestmark = pytest.mark.integration
 
@@ -34,10 +33,7 @@ def train_args(model_dir, steps, *bindings):
 def trained(tmp_path_factory):
   """A run of 4 steps (a checkpoint at 4); tests work on copies."""
   model_dir = tmp_path_factory.mktemp("trained") / "run"
-  try:
-    launch.run("meshbayes.train", "train", train_args(model_dir, 4))
-  except SystemExit as exit_:
-    pytest.fail(f"training failed with {exit_.code}")
+  train_or_fail(train_args(model_dir, 4))
   return model_dir
 
 

@@ -15,10 +15,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from meshbayes import launch
 from meshbayes.training import checkpoints, compute_log
 from meshbayes.tools import inspect_checkpoint
-from tests.training.runs import TOOLS, command, events, one_line, run, tool, train, train_args
+from tests.training.runs import (TOOLS, command, events, one_line, run, tool, train, train_args,
+                                 train_or_fail)
 
 pytestmark = pytest.mark.integration
 
@@ -54,10 +54,7 @@ def test_missing_required_macro_and_bad_flags(tmp_path, capsys):
 def trained(tmp_path_factory):
   """A Bayesian run of 8 steps (checkpoints at 4 and 8); tests work on copies."""
   model_dir = tmp_path_factory.mktemp("trained") / "run"
-  try:
-    launch.run("meshbayes.train", "train", train_args(model_dir, 8))
-  except SystemExit as exit_:
-    pytest.fail(f"training failed with {exit_.code}")
+  train_or_fail(train_args(model_dir, 8))
   return model_dir
 
 
