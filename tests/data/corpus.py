@@ -67,3 +67,15 @@ def write_sdist(directory: Path, invalid_utf8: bool = False) -> tuple[Path, str]
       info.size = len(data)
       sdist.addfile(info, io.BytesIO(data))
   return path, hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def prepare_with_vocabulary(data_dir: Path) -> None:
+  """The fake corpus prepared in ``data_dir`` (4 held-out English sentences, 10 OOD ones) and
+  the 40-piece ``tatoeba_en-fr`` vocabulary trained on it; ``MESHBAYES_DATA_DIR`` must name
+  ``data_dir``."""
+  from meshbayes.data import tatoeba
+  from meshbayes.tools import train_vocab
+
+  sdist, sha256 = write_sdist(data_dir.parent)
+  tatoeba.prepare(data_dir, sdist, heldout_english=4, ood_sentences=10, expected_sha256=sha256)
+  train_vocab.main(["--task=tatoeba_enfr", "--vocab_size=40"])

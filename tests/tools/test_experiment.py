@@ -10,8 +10,8 @@ import re
 import pytest
 
 from meshbayes.training import compute_log
-from meshbayes.data import tatoeba, technical_english
-from meshbayes.tools import experiment, experiment_plan, experiment_report, train_vocab
+from meshbayes.data import technical_english
+from meshbayes.tools import experiment, experiment_plan, experiment_report
 from tests.data import corpus
 
 COLUMNS = ("deterministic", "temperature-scaled (T=", "MC dropout", "deep ensemble",
@@ -23,13 +23,10 @@ OOD_SETS = ("spanish", "technical_english", "targets_as_inputs", "shuffled_words
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
   root = tmp_path_factory.mktemp("data")
-  sdist, sha256 = corpus.write_sdist(root)
   with pytest.MonkeyPatch.context() as patch:
     patch.setenv("MESHBAYES_DATA_DIR", str(root / "data"))
-    tatoeba.prepare(root / "data", sdist, heldout_english=4, ood_sentences=10,
-                    expected_sha256=sha256)
+    corpus.prepare_with_vocabulary(root / "data")
     technical_english.prepare(root / "data")
-    train_vocab.main(["--task=tatoeba_enfr", "--vocab_size=40"])
   return root / "data"
 
 

@@ -18,7 +18,6 @@ from meshbayes.evaluation.sources import group_sources
 from meshbayes.partitioning import DataLayout
 from meshbayes.metrics import sequence_calibration, sequence_labels, token_labels
 from meshbayes.tools import gpu_sequence_run as tool
-from meshbayes.tools import train_vocab
 from tests.data import corpus
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,12 +38,9 @@ def exported(tmp_path_factory):
   """The fake corpus prepared with a 40-piece vocabulary and exported: ``(data dir, path)``;
   MESHBAYES_DATA_DIR points at it for the module's tests."""
   root = tmp_path_factory.mktemp("gpu_sequence")
-  sdist, sha256 = corpus.write_sdist(root)
   with pytest.MonkeyPatch.context() as patch:
     patch.setenv("MESHBAYES_DATA_DIR", str(root / "data"))
-    tatoeba.prepare(root / "data", sdist, heldout_english=4, ood_sentences=10,
-                    expected_sha256=sha256)
-    train_vocab.main(["--task=tatoeba_enfr", "--vocab_size=40"])
+    corpus.prepare_with_vocabulary(root / "data")
     tool.main(["export", "--task=tatoeba_enfr", f"--out={root / 'arrays.npz'}"])
     yield root / "data", root / "arrays.npz"
 
