@@ -71,7 +71,7 @@ PRESETS = {
                   ensemble_size=3, first_seed=100, checkpoints=("best",), beam_measures=True,
                   methods=("deterministic", "ensemble", "bayesian", "map", "bayesian_kl1",
                            "bayesian_kl0.3"),
-                  single_seed=("bayesian_kl1", "bayesian_kl0.3")),
+                  single_seed=("bayesian_kl1", "bayesian_kl0.3"), ood_beam_sets=("spanish",)),
     # The sequence calibration experiment (docs/results/2026-11-28-sequence-calibration.md):
     # every method but the controls at 3,000 steps, every test source, beam-level measures
     # and 8 ancestral samples per source (equivalence-class confidence).
@@ -304,6 +304,7 @@ class Experiment:
             # None (ALL_TEST_PAIRS): no limit, every test pair.
             f"data.TaskData.max_eval_batches={budget.eval_batches}",
             f"evaluation.OodConfig.max_examples={budget.ood_examples}",
+            f"evaluation.OodConfig.beam_sets={list(budget.ood_beam_sets)}",
             f"evaluation.DecodeConfig.method='{budget.decode_method}'",
             f"evaluation.PredictiveConfig.beam_measures={budget.beam_measures}",
             f"evaluation.PredictiveConfig.equivalence_samples={budget.equivalence_samples}",

@@ -60,6 +60,8 @@ class Budget:
       whole validation split, the test split's size) and the Laplace approximation's
       training (curvature) and validation (prior precision) batches.
     ood_examples: inputs per out-of-distribution set (and in-domain sources).
+    ood_beam_sets: OOD sets also decoded by beam search with the beam-level measures
+      (``evaluation.OodConfig.beam_sets``; needs ``beam_measures``).
     methods: the methods compared (default: all but ``CONTROLS``).
     checkpoints: where each method is evaluated, of ``CHECKPOINTS``: ``final`` (a run's
       last checkpoint: the end of the budget, or where it stopped early) and ``best``
@@ -67,7 +69,7 @@ class Budget:
     bindings: gin bindings added to every training and evaluation command.
     task_gin: the task file evaluations read (training reads its recipe's).
     decode_method: how the test split is decoded (``beam`` or ``greedy``; OOD
-      inputs are decoded greedily).
+      inputs are decoded greedily, ``ood_beam_sets`` by beam search too).
     seeds: training seeds of each method with a seed spread (the Bayesian layers,
       IVON, the controls: runs ``<method>``, ``<method>_seed1``, ...); the
       deterministic model's seed spread comes from the ensemble's members.
@@ -105,6 +107,7 @@ class Budget:
   first_seed: int = 0
   patience: int | None = None
   single_seed: tuple[str, ...] = ()
+  ood_beam_sets: tuple[str, ...] = ()
 
   def __post_init__(self):
     positive_ints("Budget", self, "train_steps", "eval_period", "num_samples", "ood_examples",
@@ -135,6 +138,8 @@ class Budget:
     if self.beam_measures and self.decode_method != "beam":
       raise ValueError(f"Budget: beam_measures=True needs decode_method='beam', not "
                        f"{self.decode_method!r}")
+    if self.ood_beam_sets and not self.beam_measures:
+      raise ValueError(f"Budget: ood_beam_sets={self.ood_beam_sets!r} need beam_measures=True")
     combining = [m for m in self.methods if predictive_methods.get(m).combines_runs]
     if combining and not self.ensemble_size >= 2:
       raise ValueError(f"Budget: ensemble_size={self.ensemble_size!r} must be at least 2 "

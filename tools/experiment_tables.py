@@ -81,6 +81,22 @@ def _auroc(measure: str) -> registry.Measure:
   return registry.get(registry.family_name(registry.AUROC, measure))
 
 
+# The OOD AUROCs of the seed tables and verdicts, by these measures of the headline.
+OOD_MEASURES = ("total_uncertainty", "beam_total_uncertainty")
+
+
+def ood_figure(ood_set: str, measure: str = "total_uncertainty") -> str:
+  """The seed tables' name of an OOD set's AUROC by ``measure``: ``ood/<set>`` (total
+  uncertainty) or ``ood/<set>/<measure>``."""
+  return f"ood/{ood_set}" if measure == "total_uncertainty" else f"ood/{ood_set}/{measure}"
+
+
+def parse_ood_figure(name: str) -> tuple[str, str]:
+  """``(set, measure)`` of an ``ood_figure`` name."""
+  _, ood_set, *measure = name.split("/")
+  return ood_set, (measure[0] if measure else "total_uncertainty")
+
+
 def paired_table(cols: Sequence[Column], num_resamples: int = bootstrap.DEFAULT_RESAMPLES
                  ) -> tuple[str, dict[str, Any]]:
   """Each column's headline figures minus the deterministic model's on the same resampled
@@ -169,23 +185,22 @@ def ood_table(cols: Sequence[Column], num_resamples: int = bootstrap.DEFAULT_RES
 
 
 def _figures(names: Sequence[str]) -> list[tuple[str, str, float, str]]:
-  """``(label, name, scale, format)`` of the headline figures and the OOD AUROCs by total
-  uncertainty (``ood/<set>``) among ``names``, in report order."""
-  auroc = _auroc("total_uncertainty")
+  """``(label, name, scale, format)`` of the headline figures and the OOD AUROCs
+  (``ood_figure``) among ``names``, in report order."""
+  oods = [(name, *parse_ood_figure(name)) for name in sorted(names) if name.startswith("ood/")]
   return [(f.label, f.name, f.scale, f.format_spec)
           for f in map(registry.get, registry.HEADLINE_FIGURES) if f.name in names] + [
-      (f"OOD {name[4:]}: AUROC by total uncertainty", name, auroc.scale, auroc.format_spec)
-      for name in sorted(n for n in names if n.startswith("ood/"))]
+      (f"OOD {ood_set}: AUROC by {registry.get(measure).label}", name, _auroc(measure).scale,
+       _auroc(measure).format_spec) for name, ood_set, measure in oods]
 
 
 def seed_values(groups: Mapping[str, Mapping[int, Path]], predictives: Mapping[str, str]
                 ) -> dict[str, dict[str, dict[int, float]]]:
   """``{title: {figure: {seed: value}}}``: each seed's headline figures and the counts of
   positive labels they rest on (and, for an evaluation's headline predictive, its OOD
-  AUROCs by total uncertainty, as ``ood/<set>``)
+  AUROCs by ``OOD_MEASURES``, as ``ood_figure`` names)
   read from ``groups`` (title -> ``{seed: evaluation directory}``), of the predictive
   ``predictives[title]``; undefined figures (null, NaN) are left out."""
-  auroc = _auroc("total_uncertainty")
   values: dict[str, dict[str, dict[int, float]]] = {}
   for title, directories in groups.items():
     found = values.setdefault(title, {})
@@ -202,8 +217,10 @@ def seed_values(groups: Mapping[str, Mapping[int, Path]], predictives: Mapping[s
           found.setdefault(name, {})[seed] = float(value)
       if predictive == run_metrics["predictives"][0]:  # OOD is scored by the headline
         for ood_set, entry in run_metrics.get("ood", {}).items():
-          if entry.get(auroc.name) is not None and np.isfinite(entry[auroc.name]):
-            found.setdefault(f"ood/{ood_set}", {})[seed] = float(entry[auroc.name])
+          for measure in OOD_MEASURES:
+            auroc = entry.get(_auroc(measure).name)
+            if auroc is not None and np.isfinite(auroc):
+              found.setdefault(ood_figure(ood_set, measure), {})[seed] = float(auroc)
   return values
 
 
@@ -212,8 +229,8 @@ def _seed_zero(col: Column, name: str) -> dict[str, float] | None:
   if name.startswith("ood/"):
     if not col.is_headline:
       return None
-    return col.metrics.get("ood_intervals", {}).get(name[4:], {}).get(
-        _auroc("total_uncertainty").name)
+    ood_set, measure = parse_ood_figure(name)
+    return col.metrics.get("ood_intervals", {}).get(ood_set, {}).get(_auroc(measure).name)
   return col.metrics["intervals"][col.predictive].get(name)
 
 
@@ -230,8 +247,10 @@ def seed_table(cols: Sequence[Column], values: Mapping[str, Mapping[str, Mapping
   scaling and the Laplace approximation are of seed 0's run) says it is a single
   realization instead."""
   names = {n for figures in values.values() for n in figures} | set(
-      registry.HEADLINE_FIGURES) | {f"ood/{s}" for c in cols if c.is_headline
-                                    for s in c.metrics.get("ood_intervals", {})}
+      registry.HEADLINE_FIGURES) | {
+          ood_figure(s, m) for c in cols if c.is_headline
+          for s, entry in c.metrics.get("ood_intervals", {}).items()
+          for m in OOD_MEASURES if _auroc(m).name in entry}
   titles = []
   for c in cols:
     seeds = _seed_count(values.get(group_title(c.title), {}))

@@ -83,6 +83,9 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
   if predictive.beam_measures and decoding.enabled and decoding.method != "beam":
     raise ValueError(f"evaluate: PredictiveConfig.beam_measures=True needs "
                      f"DecodeConfig.method='beam', not {decoding.method!r}")
+  if ood_sets.beam_sets and not (decoding.enabled and predictive.beam_measures):
+    raise ValueError(f"evaluate: OodConfig.beam_sets={list(ood_sets.beam_sets)} need the "
+                     "split decoded by beam search with PredictiveConfig.beam_measures=True")
   partitioner = partitioner or Partitioner()
   model, params, step = _restored(model_dir, model, data, partitioner, checkpoint_step,
                                   predictive)
@@ -116,10 +119,11 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
                  "batch_size": data.batch_size, "num_sources": len(sources.texts),
                  "decoding": dataclasses.asdict(decoding),
                  "predictive": dataclasses.asdict(predictive)}
-  reliability = _figures(run, batches, sources, variants, decoding, predictive, report,
-                         out_dir, result, fingerprint)
+  reliability, records = _figures(run, batches, sources, variants, decoding, predictive,
+                                  report, out_dir, result, fingerprint)
   if decoding.enabled:
-    _ood(run, sources, variants[0], ood_sets, report, out_dir, result)
+    _ood(run, sources, variants[0], ood_sets, report, out_dir, result,
+         records[variants[0].name], decoding.beam_size)
   progress.finish()  # before the lines saying where the results are, which come last
   writer.write_results(out_dir, result, reliability, epath.Path(model_dir).name)
   resumable.remove(out_dir)
@@ -196,9 +200,11 @@ def _fitting_phase_name(split: str, variant: Predictive) -> str:
 def _figures(run: _Run, batches: list[dict[str, np.ndarray]], sources: Sources,
              variants: list[Predictive], decoding: DecodeConfig, predictive: PredictiveConfig,
              report: ReportConfig, out_dir: epath.Path, result: dict[str, Any],
-             fingerprint: dict[str, Any]) -> dict[str, dict[str, Any]]:
+             fingerprint: dict[str, Any]
+             ) -> tuple[dict[str, dict[str, Any]], dict[str, list[predictives.Decoded]]]:
   """Each predictive's token calibration, decodes and figures with their intervals into
-  ``result``, its items written; returns the reliability diagrams' curves."""
+  ``result``, its items written; returns the reliability diagrams' curves and each
+  predictive's decoded sources (none without decoding)."""
   reliability, token_statistics = {}, {}
   result["token_calibration"] = {}
   for variant in variants:
@@ -236,7 +242,7 @@ def _figures(run: _Run, batches: list[dict[str, np.ndarray]], sources: Sources,
     headline = result["decoding"][variants[0].name]
     result.update(bleu=headline["bleu"], exact_match=headline["exact_match"],
                   sequence_ece=headline["sequence_ece"])
-  return reliability
+  return reliability, records
 
 
 def _source_items(data: TaskData, sources: Sources, token_statistics: dict[str, np.ndarray],
@@ -302,10 +308,11 @@ def _decode_sources(run: _Run, sources: Sources, variants: list[Predictive],
 
 
 def _ood(run: _Run, sources: Sources, headline: Predictive, settings: OodConfig,
-         report: ReportConfig, out_dir: epath.Path, result: dict[str, Any]) -> None:
+         report: ReportConfig, out_dir: epath.Path, result: dict[str, Any],
+         decoded: list[predictives.Decoded], beam_size: int) -> None:
   """The OOD sets' figures and intervals into ``result``, their scores written."""
   scores = ood.ood_scores(run.model, run.params, run.data, sources, run.partitioner,
-                          headline, run.rng, run.progress, settings)
+                          headline, run.rng, run.progress, settings, decoded, beam_size)
   if scores is None:
     return
   intervals = items.ood_intervals(scores, report.bootstrap_resamples)
@@ -344,6 +351,8 @@ def _plan(data: TaskData, split: str, variants: Sequence[Predictive], teacher_fo
       num_batches = math.ceil(ood_sets.max_examples / data.batch_size)
       plan += [Phase(f"decoding {name} (greedy)", "decode", _passes(variants[0]), num_batches)
                for name in (data.task, *ood_sets.set_names)]
+      plan += [Phase(f"decoding {name} (beam)", "decode", _passes(variants[0]) * beam,
+                     num_batches) for name in ood_sets.beam_sets]
   return plan
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from meshbayes import predictive
 from meshbayes.data import paths
 from meshbayes.data.pipeline import TaskData, get_task
 from meshbayes.evaluation import items, phases, predictives
@@ -41,25 +42,47 @@ def ood_inputs(settings: OodConfig, sources: Sources) -> dict[str, list[str]]:
 
 def ood_scores(model: BaseModel, params: Any, data: TaskData, sources: Sources,
                partitioner: Partitioner, headline: predictives.Predictive, rng: jax.Array,
-               progress: phases.EvalPhases, settings: OodConfig) -> items.OodScores | None:
+               progress: phases.EvalPhases, settings: OodConfig,
+               decoded: Sequence[predictives.Decoded] = (), beam_size: int = 4
+               ) -> items.OodScores | None:
   """The headline predictive's uncertainty measures of greedy outputs for as many in-domain
-  sources as out-of-distribution inputs, and of each set; None without a set."""
+  sources as out-of-distribution inputs, and of each set; None without a set.
+
+  Each of ``settings.beam_sets`` is also decoded by beam search (``beam_size``) with the
+  beam-level measures, set against those of ``decoded`` (the split's sources as the
+  headline decoded them, in order) for the same in-domain sources."""
   sets = ood_inputs(settings, sources)
   if not sets:
     return None
   input_vocabulary = get_task(data.task).output_features["inputs"].vocabulary
   length = data.feature_lengths["inputs"]
 
-  def measures(lines: Sequence[str], name: str) -> dict[str, np.ndarray]:
+  def measures(lines: Sequence[str], name: str, **beam: Any) -> dict[str, np.ndarray]:
+    method = "beam" if beam else "greedy"
     batches = in_batches(encode_lines(lines, input_vocabulary, length, source=name),
                          data.batch_size)
     records = predictives.decode_and_score(
-        model, params, progress.track(batches, f"decoding {name} (greedy)",
+        model, params, progress.track(batches, f"decoding {name} ({method})",
                                       math.ceil(len(lines) / data.batch_size)),
         partitioner, headline, rng, max_length=data.feature_lengths["targets"],
-        eos_id=data.vocabulary.eos_id, method="greedy")
-    return {m: np.array([r.measures[m] for r in records]) for m in records[0].measures}
+        eos_id=data.vocabulary.eos_id, method=method, **beam)
+    return _measures(records, beam_only=bool(beam))
 
   in_domain = sources.texts[:settings.max_examples]
-  return items.OodScores(measures(in_domain, data.task),
-                         {name: measures(lines, name) for name, lines in sets.items()})
+  scores = items.OodScores(measures(in_domain, data.task),
+                           {name: measures(lines, name) for name, lines in sets.items()})
+  if settings.beam_sets:
+    if len(decoded) < len(in_domain):
+      raise ValueError(f"ood_scores: beam_sets={list(settings.beam_sets)} need the split's "
+                       f"first {len(in_domain)} decoded sources; got {len(decoded)}")
+    scores.in_domain.update(_measures(decoded[:len(in_domain)], beam_only=True))
+    for name in settings.beam_sets:
+      scores.out_of_domain[name].update(measures(sets[name], name, beam_size=beam_size,
+                                                 beam_measures=True))
+  return scores
+
+
+def _measures(records: Sequence[predictives.Decoded], beam_only: bool) -> dict[str, np.ndarray]:
+  """Each measure of ``records`` (only the beam-level ones with ``beam_only``) as arrays."""
+  return {m: np.array([r.measures[m] for r in records]) for m in records[0].measures
+          if not beam_only or m in predictive.BEAM_MEASURES}

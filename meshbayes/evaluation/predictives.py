@@ -187,7 +187,8 @@ class Decoded:
     measures: every uncertainty measure of the output (``predictive``'s
       ``TOKEN_MEASURES``, averaged over its tokens, and ``SEQUENCE_MEASURES``):
       all of them for a model average; the total uncertainties alone for the
-      posterior mean; ``BEAM_MEASURES`` too with ``beam_measures``.
+      posterior mean; ``BEAM_MEASURES`` too with ``beam_measures`` (the posterior
+      mean: ``beam_total_uncertainty``).
     token_log_probs: each scored token's log-probability under the predictive (a
       temperature's included): the output's tokens, then its EOS.
     samples: with ``equivalence_samples`` ``K``, ``K`` ancestral samples of the input,
@@ -289,10 +290,10 @@ def decode_and_score(model: BaseModel, params: Any, input_batches: Iterable[np.n
       variance"; token ids as words). ``S`` more decodes.
     outputs: score these outputs (one per non-empty row, without EOS) instead of
       decoding: a temperature-scaled predictive scores what its unscaled self decoded.
-    beam_measures: for a model average (``S > 1``) decoding by beam search (else a
-      ValueError), also score each beam hypothesis under the same weight samples and
-      add ``predictive.BEAM_MEASURES`` (``beam_size - 1`` more scoring passes). Not
-      added when ``outputs`` are given or for the posterior mean.
+    beam_measures: decoding by beam search (else a ValueError), also score each beam
+      hypothesis under the same weight samples and add ``predictive.BEAM_MEASURES``
+      (``beam_size - 1`` more scoring passes); for one model (the posterior mean)
+      ``beam_total_uncertainty`` alone. Not added when ``outputs`` are given.
     equivalence_samples: ``K`` (0: none): also draw ``K`` ancestral samples of each
       input (temperature 1, no filtering; a key apart from the decode's) and score each
       as the output is scored (the same weight samples, dropout masks and temperature)
@@ -325,7 +326,7 @@ def decode_and_score(model: BaseModel, params: Any, input_batches: Iterable[np.n
         jax.tree.structure(param_shardings), tuple(jax.tree.leaves(param_shardings)),
         _batch_sharding(partitioner))[0]
   num_samples = predictive.num_samples if sample_agreement else 0
-  with_beam = beam_measures and outputs is None and predictive.num_samples > 1
+  with_beam = beam_measures and outputs is None
   given = None if outputs is None else iter(outputs)
   given_samples = None if samples is None else iter(samples)
   records = []
@@ -369,9 +370,15 @@ def decode_and_score(model: BaseModel, params: Any, input_batches: Iterable[np.n
                                              row_samples, equivalence_samples, max_length,
                                              eos_id)
       if with_beam:
-        measures.update(_beam_measures(lambda rows: rescore(rows)[1]["sample_log_probs"],
-                                       inputs, jax.device_get(decoded_aux["all_sequences"]),
-                                       aux["sample_log_probs"], counts, max_length, eos_id))
+        sequences = jax.device_get(decoded_aux["all_sequences"])
+        if predictive.num_samples > 1:
+          measures.update(_beam_measures(lambda rows: rescore(rows)[1]["sample_log_probs"],
+                                         inputs, sequences, aux["sample_log_probs"], counts,
+                                         max_length, eos_id))
+        else:  # one model: only the total uncertainty has a meaning
+          measures["beam_total_uncertainty"] = _beam_measures(
+              lambda rows: rescore(rows)[0][None], inputs, sequences, log_probs[None], counts,
+              max_length, eos_id)["beam_total_uncertainty"]
       if num_samples > 1:
         measures["bleu_disagreement"] = _bleu_disagreement(
             lambda s: decode_alone(params, partitioner.global_batch(

@@ -127,18 +127,26 @@ class OodConfig:
     shuffled_words: also use the split's inputs with their words shuffled.
     max_examples: at most this many inputs per set, and in-domain sources to compare
       them with (each decoded greedily).
+    beam_sets: sets also decoded as the split's sources are (its beam search, with
+      ``PredictiveConfig.beam_measures``), whose beam-level measures are set against
+      those of the split's first ``max_examples`` decoded sources (like with like).
   """
 
   files: Mapping[str, str] = dataclasses.field(default_factory=dict)
   targets_as_inputs: bool = False
   shuffled_words: bool = False
   max_examples: int = 1000
+  beam_sets: Sequence[str] = ()
 
   def __post_init__(self):
     if not isinstance(self.files, Mapping):
       raise ValueError(f"OodConfig: files={self.files!r} must map set names to text files")
     booleans("OodConfig", self, "targets_as_inputs", "shuffled_words")
     positive_ints("OodConfig", self, "max_examples")
+    if isinstance(self.beam_sets, str) or not all(s in self.set_names for s in self.beam_sets):
+      raise ValueError(f"OodConfig: beam_sets={self.beam_sets!r} must be a list of the sets "
+                       f"{self.set_names}")
+    object.__setattr__(self, "beam_sets", tuple(self.beam_sets))
 
   @property
   def set_names(self) -> list[str]:

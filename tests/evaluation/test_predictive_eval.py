@@ -2,6 +2,7 @@
 
 import dataclasses
 import functools
+import re
 
 import flax.linen as nn
 import jax
@@ -228,16 +229,19 @@ def test_options_a_decoding_method_does_not_read_share_its_compiled_programs(set
   assert predictive_eval._programs.cache_info().misses == 3
 
 
-def independent_beam_measures(params, inputs, key, beam_size):
+def independent_beam_measures(params, inputs, key, beam_size, num_samples=2):
   """The beam measures of ``inputs``' beams, each hypothesis scored alone by
-  ``score_batch`` (an empty slot of the beam or a repeat left out)."""
+  ``score_batch`` (an empty slot of the beam or a repeat left out); ``num_samples=0``:
+  the posterior mean's, as one sample."""
   unboxed = nn.unbox(params)
+  samples = {"num_samples": num_samples} if num_samples else {}
   _, aux = jax.jit(functools.partial(MODEL.predict_batch_with_aux, method="beam",
-                                     beam_size=beam_size, num_samples=2, max_length=LENGTH))(
+                                     beam_size=beam_size, max_length=LENGTH, **samples))(
       unboxed, {"encoder_input_tokens": inputs}, key)
   sequences = np.asarray(aux["all_sequences"])
-  score = jax.jit(functools.partial(MODEL.score_batch, num_samples=2))
-  sample_log_probs = np.full((2, len(inputs), beam_size), -np.inf, np.float32)
+  score = jax.jit(functools.partial(MODEL.score_batch, **samples))
+  sample_log_probs = np.full((max(num_samples, 1), len(inputs), beam_size), -np.inf,
+                             np.float32)
   lengths = np.ones((len(inputs), beam_size), np.int32)
   for row in range(len(inputs)):
     seen = set()
@@ -253,8 +257,9 @@ def independent_beam_measures(params, inputs, key, beam_size):
       batch = {"encoder_input_tokens": inputs[row:row + 1], "decoder_target_tokens": targets,
                "decoder_input_tokens": np.pad(targets[:, :-1], [(0, 0), (1, 0)]),
                "decoder_loss_weights": (targets > 0).astype(np.float32)}
-      sample_log_probs[:, row, b] = np.asarray(
-          score(unboxed, batch, key)[1]["sample_log_probs"])[:, 0]
+      log_prob, aux = score(unboxed, batch, key)
+      sample_log_probs[:, row, b] = (np.asarray(aux["sample_log_probs"])[:, 0] if num_samples
+                                     else np.asarray(log_prob)[0])
   return predictive.beam_sequence_measures(sample_log_probs, lengths)
 
 
@@ -289,11 +294,45 @@ def test_beam_measures_score_every_hypothesis_of_the_beam(setup):
     decode(method="greedy", beam_measures=True)
 
 
+def test_one_models_beam_total_uncertainty_weighs_its_whole_beam(setup):
+  """The posterior mean's beam measures: ``beam_total_uncertainty`` alone, its beam's
+  hypotheses scored alone and importance-weighted; with one beam, the output's own
+  ``sequence_total_uncertainty``; every other figure as without the option."""
+  partitioner, params, batches = setup
+  inputs = [batches[0]["encoder_input_tokens"]]
+  decode = functools.partial(predictive_eval.decode_and_score, MODEL, params, inputs,
+                             partitioner, predictive_eval.Predictive("posterior_mean"),
+                             jax.random.key(1), LENGTH, EOS, method="beam")
+  plain, records = decode(beam_size=3), decode(beam_size=3, beam_measures=True)
+  assert [dataclasses.replace(r, measures={k: v for k, v in r.measures.items()
+                                           if k != "beam_total_uncertainty"}) for r in records
+          ] == plain
+  expected = independent_beam_measures(params, inputs[0], jax.random.fold_in(
+      jax.random.key(1), 0), beam_size=3, num_samples=0)["beam_total_uncertainty"]
+  np.testing.assert_allclose([r.measures["beam_total_uncertainty"] for r in records], expected,
+                             rtol=1e-4, atol=1e-6)
+  assert any(abs(r.measures["beam_total_uncertainty"] - r.measures["sequence_total_uncertainty"])
+             > 1e-3 for r in records)
+  for record in decode(beam_size=1, beam_measures=True):
+    assert record.measures["beam_total_uncertainty"] == pytest.approx(
+        record.measures["sequence_total_uncertainty"], rel=1e-6)
+
+
 def test_the_beam_measures_option_is_checked():
   from meshbayes.evaluation.settings import PredictiveConfig
   assert not PredictiveConfig().beam_measures
   with pytest.raises(ValueError, match="PredictiveConfig: beam_measures=1 must be True or False"):
     PredictiveConfig(beam_measures=1)
+
+
+def test_ood_beam_sets_are_among_the_sets():
+  from meshbayes.evaluation.settings import OodConfig
+  settings = OodConfig(files={"spanish": "spa.txt"}, shuffled_words=True, beam_sets=["spanish"])
+  assert settings.beam_sets == ("spanish",) and OodConfig().beam_sets == ()
+  for bad in (["german"], "spanish"):
+    with pytest.raises(ValueError, match=re.escape(
+        f"OodConfig: beam_sets={bad!r} must be a list of the sets ['spanish', 'shuffled_words']")):
+      OodConfig(files={"spanish": "spa.txt"}, shuffled_words=True, beam_sets=bad)
 
 
 def independent_sample_log_probs(params, inputs, samples, key, num_samples, temperature=1.0):

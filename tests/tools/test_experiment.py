@@ -324,6 +324,7 @@ def test_best_step_reads_the_trainers_validation_log(tmp_path):
     ({"methods": ("deterministic", "dropout")}, r"methods=.*'dropout'.*one of deterministic"),
     ({"train_steps": 0}, "train_steps=0 must be a positive int"),
     ({"ensemble_size": 1}, "ensemble_size=1 must be at least 2"),
+    ({"ood_beam_sets": ("spanish",)}, r"ood_beam_sets=\('spanish',\) need beam_measures=True"),
 ])
 def test_bad_budgets_are_one_line_errors(changes, message):
   with pytest.raises(ValueError, match=message):

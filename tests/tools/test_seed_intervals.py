@@ -74,15 +74,18 @@ BLEU = {"deterministic": [20.0, 22.0, 24.0], "bayesian": [23.0, 26.0, 26.0]}
 
 def _evaluation(directory, predictives, bleu, ood=None):
   """An evaluation directory as ``meshbayes.eval`` writes it, reduced to what the seed
-  tables read: each predictive's BLEU with a bootstrap interval (+-1), and OOD AUROCs."""
+  tables read: each predictive's BLEU with a bootstrap interval (+-1), and OOD AUROCs (by
+  the beam's total uncertainty 0.1 above the token-level one)."""
   directory.mkdir(parents=True)
   metrics = {"predictives": list(predictives), "num_sources": 2000, "num_pairs": 2950,
              "intervals": {p: {"bleu": {"estimate": value, "low": value - 1, "high": value + 1}}
                            for p, value in zip(predictives, bleu)}}
   if ood is not None:
-    metrics["ood"] = {"spanish": {"auroc_total_uncertainty": ood}}
-    metrics["ood_intervals"] = {"spanish": {"auroc_total_uncertainty": {
-        "estimate": ood, "low": ood - 0.05, "high": ood + 0.05}}}
+    aurocs = {"auroc_total_uncertainty": ood, "auroc_beam_total_uncertainty": ood + 0.1}
+    metrics["ood"] = {"spanish": aurocs}
+    metrics["ood_intervals"] = {"spanish": {name: {
+        "estimate": value, "low": value - 0.05, "high": value + 0.05}
+        for name, value in aurocs.items()}}
   if "posterior_mean_temperature_scaled" in predictives:
     metrics["temperature_scaling"] = {"temperature": 1.1}
   (directory / "metrics.json").write_text(json.dumps(metrics))
@@ -133,6 +136,8 @@ def test_the_seed_table_puts_the_mean_over_seeds_beside_seed_0(seed_results):
   values = tables.seed_values(groups, {t: experiment_report.SEED_GROUPS[t][1] for t in groups})
   assert values["deterministic"]["bleu"] == {0: 20.0, 1: 22.0, 2: 24.0}
   assert values["Bayesian layers"]["ood/spanish"] == pytest.approx({0: 0.65, 1: 0.67, 2: 0.69})
+  assert values["Bayesian layers"]["ood/spanish/beam_total_uncertainty"] == pytest.approx(
+      {0: 0.75, 1: 0.77, 2: 0.79})
   assert "ood/spanish" not in values["Bayesian layers (mean)"]  # OOD is the headline's
   cols = experiment_report._columns(seed_results, "final")
   table, summary = tables.seed_table(cols, values)
@@ -152,9 +157,13 @@ def test_the_seed_table_puts_the_mean_over_seeds_beside_seed_0(seed_results):
       22 + stats.t.ppf(0.975, 2) * 2 / math.sqrt(3))
   assert summary["deep ensemble"]["bleu"] == {"seed_0": {"estimate": 25.0, "low": 24.0,
                                                          "high": 26.0}}
-  assert lines[-1].startswith("| OOD spanish: AUROC by total uncertainty, mean of seeds | "
+  assert lines[-3].startswith("| OOD spanish: AUROC by total uncertainty, mean of seeds | "
                               "0.610 [0.585, 0.635] | single realization | single realization "
                               "| 0.670 [0.620, 0.720] | - |")
+  assert lines[-2].startswith("| OOD spanish: AUROC by beam total uncertainty, seed 0 | "
+                              "0.700 [0.650, 0.750] |")
+  assert lines[-1].startswith("| OOD spanish: AUROC by beam total uncertainty, mean of seeds | "
+                              "0.710 [0.685, 0.735] |")
 
 
 def test_seed_level_differences_against_the_deterministic_model(seed_results):

@@ -408,6 +408,48 @@ def test_evaluate_infer_and_show_a_trained_run(trained, tmp_path, capsys):
   assert inspect_checkpoint.main(["show", str(tmp_path / "nothing")]) == 2
 
 
+def test_ood_beam_sets_set_beam_measures_against_the_splits_own_beams(trained, capsys):
+  """``OodConfig.beam_sets``: the set is also decoded by beam search, its beam-level
+  measures set against the split's first sources as their beam search decoded them (the
+  same arrays); the other sets have none; without the split's beam measures, one line."""
+  evaluate = lambda *bindings: command(
+      capsys, "evaluate", "--gin_file=models/tiny.gin", "--gin_file=runs/eval.gin",
+      "--gin_file=tasks/synthetic.gin", f"--gin.MODEL_DIR='{trained}'", "--gin.BATCH_SIZE=64",
+      "--gin.models.EncoderDecoderModel.num_train_units=450000",
+      "--gin.data.TaskData.max_eval_batches=1", "--gin.evaluation.PredictiveConfig.num_samples=2",
+      "--gin.evaluation.DecodeConfig.beam_size=2", "--gin.evaluation.OodConfig.max_examples=32",
+      "--gin.evaluation.OodConfig.shuffled_words=True",
+      "--gin.evaluation.OodConfig.targets_as_inputs=True",
+      "--gin.evaluation.OodConfig.beam_sets=['shuffled_words']",
+      "--gin.evaluation.ReportConfig.bootstrap_resamples=20", *bindings)
+  code, _, err = evaluate("--gin.evaluation.PredictiveConfig.beam_measures=False")
+  assert code != 0 and (
+      "meshbayes.eval: error: evaluate: OodConfig.beam_sets=['shuffled_words'] need the split "
+      "decoded by beam search with PredictiveConfig.beam_measures=True (traceback in ") in err
+  code, out, err = evaluate("--gin.evaluation.PredictiveConfig.beam_measures=True")
+  assert code == 0, err[-2000:]
+  out_dir = trained / "eval" / "synthetic_reverse"
+  metrics = json.loads((out_dir / "metrics.json").read_text())
+  beam = {"auroc_beam_total_uncertainty", "auroc_beam_mutual_information"}
+  assert beam <= set(metrics["ood"]["shuffled_words"])
+  assert not beam & set(metrics["ood"]["targets_as_inputs"])
+  assert "decoding shuffled_words (beam)" in out
+  scores = np.load(out_dir / "ood_scores.npz")
+  records = [json.loads(line) for line in
+             (out_dir / "predictions_model_average.jsonl").read_text().splitlines()][:32]
+  for name in ("beam_total_uncertainty", "beam_mutual_information"):
+    np.testing.assert_allclose(scores[f"in_domain/{name}"], [r[name] for r in records],
+                               rtol=1e-6)
+    assert len(scores[f"ood/shuffled_words/{name}"]) == 32
+    assert metrics["ood"]["shuffled_words"][f"auroc_{name}"] == pytest.approx(
+        metrics_auroc(scores[f"in_domain/{name}"], scores[f"ood/shuffled_words/{name}"]))
+
+
+def metrics_auroc(inside, outside):
+  from meshbayes import metrics
+  return metrics.auroc(np.asarray(inside), np.asarray(outside))
+
+
 @pytest.mark.slow  # two trainings and two evaluations; the model paths are tested in make test
 def test_evaluate_mc_dropout_and_a_deep_ensemble_through_the_command(tmp_path, capsys):
   """The baselines through ``meshbayes.eval``: MC dropout on a deterministic run trained
