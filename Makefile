@@ -43,7 +43,8 @@ DEMO_METHODS ?= deterministic,mc_dropout,bayesian
 # evaluations; not yet measured (estimated 4 to 5 hours on 2 cores).
 # `python -m meshbayes.tools.experiment --preset=cpu --out=runs/experiment` resumes an
 # interrupted one (this target starts afresh); `--preset=sequence_calibration` is the
-# sequence calibration experiment (every method at 3,000 steps); the tuning grids that
+# sequence calibration experiment (every method at 3,000 steps; about 8.6 CPU-hours,
+# measured: docs/results/2026-11-28-sequence-calibration.md); the tuning grids that
 # chose each method's settings are separate commands (docs/uncertainty.md).
 EXPERIMENT_DIR := runs/experiment
 
