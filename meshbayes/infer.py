@@ -6,8 +6,8 @@ The model is the training run's unless the command line says otherwise. What gin
 configures: ``meshbayes.evaluation.inference.infer``.
 """
 
-from meshbayes.runtime import host_memory
 from meshbayes.launch import run
+from meshbayes.runtime import host_memory
 
 
 def main() -> None:

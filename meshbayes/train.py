@@ -11,8 +11,8 @@ import os
 import signal
 import sys
 
-from meshbayes.runtime import host_memory
 from meshbayes.launch import run
+from meshbayes.runtime import host_memory
 from meshbayes.runtime.preemption import STOP_SIGNALS
 
 

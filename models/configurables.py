@@ -12,9 +12,9 @@ from collections.abc import Sequence
 import gin
 
 from meshbayes.gin_configs import DIRECTORY as GIN_CONFIGS
-from meshbayes.runtime.gin_preflight import quiet_search_misses
 from meshbayes.models.encoder_decoder import EncoderDecoderModel
 from meshbayes.models.transformer import Estimators, TransformerConfig
+from meshbayes.runtime.gin_preflight import quiet_search_misses
 
 gin.external_configurable(TransformerConfig, module="models")
 gin.external_configurable(Estimators, module="models")

@@ -66,10 +66,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from meshbayes import layers
-from meshbayes.runtime import host_memory
-from meshbayes.training import ivon, train_step
 from meshbayes.layers import estimators
 from meshbayes.metrics import bootstrap
+from meshbayes.runtime import host_memory
+from meshbayes.training import ivon, train_step
 
 SECTIONS = ("step", "layers", "pipeline", "decode", "trainer", "resume")
 

@@ -49,9 +49,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from meshbayes.training import compute_log
-from meshbayes.runtime import host_memory
 from meshbayes.evaluation import methods as predictive_methods
+from meshbayes.runtime import host_memory
+from meshbayes.training import compute_log
 from meshbayes.tools.experiment_plan import (ALL_TEST_PAIRS, METHODS, RECIPES, Budget, best_step,
                                              convergence, evaluations, finished, read_json,
                                              result_dirs, setting_label, stopped_at,

@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from meshbayes.training import early_stopping
 from meshbayes.evaluation import methods as predictive_methods
 from meshbayes.field_checks import is_int, positive_ints
+from meshbayes.training import early_stopping
 from meshbayes.training.posterior_diagnostics import MEDIAN_PREFIX, relative_change
 
 # The predictive methods (meshbayes.evaluation.methods: the runs each evaluates).

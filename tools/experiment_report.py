@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 
 from meshbayes import metrics
-from meshbayes.training import checkpoints
 from meshbayes.evaluation import methods as predictive_methods
 from meshbayes.metrics import measures as registry
+from meshbayes.training import checkpoints
 from meshbayes.tools import (compare_runs, experiment_tables, experiment_verdicts,
                              inspect_checkpoint)
 from meshbayes.tools.experiment_plan import (CHECKPOINTS, Budget, best_step, convergence,

@@ -32,8 +32,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import numpy as np
 
-from meshbayes.training import checkpoint_integrity, checkpoints
 from meshbayes.layers.variational import posterior_part
+from meshbayes.training import checkpoint_integrity, checkpoints
 from meshbayes.training.optimizers import IVON_META
 
 

@@ -23,8 +23,8 @@ import numpy as np
 from etils import epath
 
 from meshbayes import field_checks
-from meshbayes.runtime.console import say
 from meshbayes.data import paths
+from meshbayes.runtime.console import say
 
 if TYPE_CHECKING:  # imported when used: TensorFlow and seqio take seconds (see backend)
   import seqio

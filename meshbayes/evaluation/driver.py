@@ -22,8 +22,8 @@ from etils import epath
 from jax.sharding import NamedSharding
 
 from meshbayes import metrics
-from meshbayes.training.checkpoint_restore import as_trained, restore_params
 from meshbayes.data.pipeline import TaskData, get_task
+from meshbayes.data.text_lines import in_batches
 from meshbayes.evaluation import items, methods, ood, phases, predictives, resumable, writer
 from meshbayes.evaluation.settings import DecodeConfig, OodConfig, PredictiveConfig, ReportConfig
 from meshbayes.evaluation.sources import Sources, group_sources
@@ -32,7 +32,7 @@ from meshbayes.layers import as_posterior, holds_posterior
 from meshbayes.metrics import measures, token_labels
 from meshbayes.models.base import BaseModel
 from meshbayes.partitioning import Partitioner
-from meshbayes.data.text_lines import in_batches
+from meshbayes.training.checkpoint_restore import as_trained, restore_params
 
 Predictive = predictives.Predictive
 

@@ -18,14 +18,14 @@ import jax
 import tqdm
 from etils import epath
 
-from meshbayes.runtime.atomic_files import same_file, write_text_atomically
-from meshbayes.training.checkpoint_restore import restore_params
 from meshbayes.data.pipeline import TaskData, get_task
 from meshbayes.evaluation import predictives as predictive_eval
 from meshbayes.field_checks import positive_int
 from meshbayes.layers import holds_posterior
 from meshbayes.models.base import BaseModel
 from meshbayes.partitioning import Partitioner
+from meshbayes.runtime.atomic_files import same_file, write_text_atomically
+from meshbayes.training.checkpoint_restore import restore_params
 from meshbayes.data.text_lines import (EncodedLines, encode_inputs, in_batches, read_lines,
                                   truncation_warning)
 

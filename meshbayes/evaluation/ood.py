@@ -13,12 +13,12 @@ import numpy as np
 from meshbayes import predictive
 from meshbayes.data import paths
 from meshbayes.data.pipeline import TaskData, get_task
+from meshbayes.data.text_lines import encode_lines, in_batches, read_lines
 from meshbayes.evaluation import items, phases, predictives
 from meshbayes.evaluation.settings import OodConfig
 from meshbayes.evaluation.sources import Sources
 from meshbayes.models.base import BaseModel
 from meshbayes.partitioning import Partitioner
-from meshbayes.data.text_lines import encode_lines, in_batches, read_lines
 
 
 def shuffled_words(texts: Sequence[str], seed: int) -> list[str]:

@@ -23,13 +23,13 @@ from jax.sharding import NamedSharding
 from meshbayes import partitioning
 from meshbayes.field_checks import positive_ints
 from meshbayes.layers import count_parameters
-from meshbayes.training.optimizers import OPTIMIZERS, KLWeight, Optimizer
-from meshbayes.scaling import hlo, hlo_profile, kernels, roofline
-from meshbayes.scaling.targets import GIB, Target
-from meshbayes.training.train_step import StepFunctions, abstract_state, jit_train_step
 from meshbayes.models.configurables import PRESETS, preset_config
 from meshbayes.models.encoder_decoder import EncoderDecoderModel
 from meshbayes.models.transformer import Estimators, TransformerConfig
+from meshbayes.scaling import hlo, hlo_profile, kernels, roofline
+from meshbayes.scaling.targets import GIB, Target
+from meshbayes.training.optimizers import OPTIMIZERS, KLWeight, Optimizer
+from meshbayes.training.train_step import StepFunctions, abstract_state, jit_train_step
 
 FEATURES = ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens",
             "decoder_loss_weights")

@@ -15,13 +15,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from meshbayes.training import checkpoints as checkpoints_lib
-from meshbayes.training import ivon as ivon_lib
 from meshbayes.data.pipeline import TaskData, vocabulary_fingerprint
 from meshbayes.layers import WeightPosterior
 from meshbayes.models.base import BaseModel
-from meshbayes.training.optimizers import IVON_META
 from meshbayes.partitioning import Partitioner
+from meshbayes.training import checkpoints as checkpoints_lib
+from meshbayes.training import ivon as ivon_lib
+from meshbayes.training.optimizers import IVON_META
 
 
 def restore_params(model_dir: str | Path, model: BaseModel, data: TaskData,

@@ -26,9 +26,9 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from meshbayes.training import checkpoint_integrity
-from meshbayes.runtime.console import say
 from meshbayes.partitioning.specs import path_names
+from meshbayes.runtime.console import say
+from meshbayes.training import checkpoint_integrity
 
 STATE, META, INPUT = "state", "meta", "input"
 _STATE_NAME = re.compile(r"^[\w.-]+$")

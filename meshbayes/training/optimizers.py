@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import optax
 from flax import traverse_util
 
-from meshbayes.training.ivon import IVON
 from meshbayes.field_checks import positive_ints, positive_numbers
 from meshbayes.layers.variational import posterior_part
+from meshbayes.training.ivon import IVON
 
 Array = jax.Array
 

@@ -18,13 +18,13 @@ import optax
 from flax import traverse_util
 from jax.sharding import NamedSharding
 
-from meshbayes.training import ivon as ivon_lib
 from meshbayes.field_checks import positive_ints
+from meshbayes.models.base import LOSS, BaseModel, per_loss_unit
+from meshbayes.partitioning import Partitioner
+from meshbayes.training import ivon as ivon_lib
 from meshbayes.training.ivon import IVON
 from meshbayes.training.optimizers import Optimizer
 from meshbayes.training.posterior_diagnostics import layer_stddevs
-from meshbayes.models.base import LOSS, BaseModel, per_loss_unit
-from meshbayes.partitioning import Partitioner
 
 Array = jax.Array
 Batch = Mapping[str, Array]

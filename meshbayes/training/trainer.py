@@ -26,21 +26,21 @@ from flax import traverse_util
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
-from meshbayes.training import checkpoints as checkpoints_lib
-from meshbayes.training import compute_log, early_stopping
-from meshbayes.runtime.atomic_files import write_text_atomically
-from meshbayes.runtime.console import say as _say  # private: not part of the trainer's interface
 from meshbayes.data.pipeline import TaskData, vocabulary_fingerprint
 from meshbayes.evaluation.teacher_forced import teacher_forced_metrics
 from meshbayes.field_checks import positive_int
-from meshbayes.training.host_input import HostBatches, HostInput
 from meshbayes.layers import moped_params
+from meshbayes.runtime.atomic_files import write_text_atomically
+from meshbayes.runtime.console import say as _say  # private: not part of the trainer's interface
 from meshbayes.runtime.metrics_writer import MetricsWriter, ProgressBar
+from meshbayes.runtime.preemption import STOP_EXIT_CODES, STOP_SIGNALS
+from meshbayes.runtime.run_lock import RunLock
+from meshbayes.training import checkpoints as checkpoints_lib
+from meshbayes.training import compute_log, early_stopping
+from meshbayes.training.host_input import HostBatches, HostInput
 from meshbayes.training.optimizers import IVON_META, KLWeight, Optimizer
 from meshbayes.training.posterior_diagnostics import median_stddevs
-from meshbayes.runtime.preemption import STOP_EXIT_CODES, STOP_SIGNALS
 from meshbayes.training.run_configs import CheckpointConfig, EvaluationConfig, InputConfig
-from meshbayes.runtime.run_lock import RunLock
 from meshbayes.training.train_step import (
   StepFunctions,
   TrainState,
