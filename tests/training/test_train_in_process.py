@@ -15,6 +15,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from meshbayes.metrics import ood as ood_metrics
 from meshbayes.training import checkpoints, compute_log
 from meshbayes.tools import inspect_checkpoint
 from tests.training.runs import (TOOLS, command, events, one_line, run, tool, train, train_args,
@@ -442,12 +443,7 @@ def test_ood_beam_sets_set_beam_measures_against_the_splits_own_beams(trained, c
                                rtol=1e-6)
     assert len(scores[f"ood/shuffled_words/{name}"]) == 32
     assert metrics["ood"]["shuffled_words"][f"auroc_{name}"] == pytest.approx(
-        metrics_auroc(scores[f"in_domain/{name}"], scores[f"ood/shuffled_words/{name}"]))
-
-
-def metrics_auroc(inside, outside):
-  from meshbayes import metrics
-  return metrics.auroc(np.asarray(inside), np.asarray(outside))
+        ood_metrics.auroc(scores[f"in_domain/{name}"], scores[f"ood/shuffled_words/{name}"]))
 
 
 @pytest.mark.slow  # two trainings and two evaluations; the model paths are tested in make test
