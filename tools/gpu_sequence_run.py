@@ -29,7 +29,7 @@ On the 20k-pair subset only 1-4% of decoded test outputs match a reference, far 
   python -m meshbayes.tools.gpu_sequence_run score --arrays=runs/gpu_arrays/tatoeba_enfr.npz \\
     --outputs=OUT --markdown=runs/gpu_sequence/table.md
 
-The whole device sequence (wheels, carry, time budget): docs/uncertainty.md, "On a GPU:
+The whole device sequence (wheels, carry, time budget): docs/experiment.md, "On a GPU:
 sequence calibration with positives".
 """
 
