@@ -164,7 +164,7 @@ def parse_gin(path: Path, bindings: Sequence[str]) -> None:
 
   gin.clear_config()
   gin.add_config_file_search_path(str(DIRECTORY))
-  gin_preflight._safe_existence_checks()  # pylint: disable=protected-access  (as launch does)
+  gin_preflight.safe_existence_checks()  # as launch does
   with gin_preflight.quiet_search_misses():
     gin.parse_config_files_and_bindings([str(path)], list(bindings))
 

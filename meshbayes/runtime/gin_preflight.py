@@ -84,7 +84,7 @@ def search_prefixes(paths: Sequence[str]) -> list[str]:
   return ["", *paths, str(GIN_CONFIGS), os.getcwd(), str(GIN_CONFIGS.parent)]
 
 
-def _safe_existence_checks() -> None:
+def safe_existence_checks() -> None:
   """gin's package-path reader raises TypeError for a directory without ``__init__.py``
   whose name starts an include (a ``runs/`` output directory shadows ``runs/train.gin``);
   make such checks answer "not here" so the search goes on."""
@@ -472,7 +472,7 @@ def checked_configuration(files: Sequence[str], flags: Sequence[tuple[str, str]]
       nothing refers to, or a ``%gin.REQUIRED`` macro left unset.
     FileNotFoundError: a gin file found nowhere.
   """
-  _safe_existence_checks()
+  safe_existence_checks()
   with quiet_search_misses():
     from_files = [b for name in files for b in _file_bindings(name, prefixes)]
   command_line = [b for flag, binding in flags for b in _flag_bindings(flag, binding)]
