@@ -40,7 +40,8 @@ DEMO_METHODS ?= deterministic,mc_dropout,bayesian
 # Bayesian layers and MAP (3 seeds each), KL weights 1 and 0.3 (one seed each), every run
 # stopped early (cap 6,000 steps) and evaluated at its best checkpoint on all 2,000 test
 # sources, with the verdicts: eleven training runs, two at a time, and twelve
-# evaluations; not yet measured (estimated about 6 hours on 2 cores: the design page).
+# evaluations; about 4.5 hours on 2 cores (measured: docs/results/2026-11-29-bayesian-
+# worth-it.md).
 # `python -m meshbayes.tools.experiment --preset=cpu --out=runs/experiment` resumes an
 # interrupted one (this target starts afresh); `--preset=sequence_calibration` is the
 # sequence calibration experiment (every method at 3,000 steps; about 8.6 CPU-hours,

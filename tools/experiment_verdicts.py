@@ -66,6 +66,9 @@ COMPARISONS = (
                "does the weight noise add to MAP's penalty (KL weight 0.1, posterior mean)"),
     Comparison("Bayesian layers", "MAP",
                "does the posterior's average add to MAP (KL weight 0.1, model average)"),
+    Comparison("Bayesian layers", "Bayesian layers (mean)",
+               "does averaging over the posterior add to its mean (KL weight 0.1; the same "
+               "runs)"),
     Comparison("Bayesian layers, KL 1", "deterministic",
                "the ELBO's own posterior (KL weight 1, model average)"),
     Comparison("Bayesian layers, KL 0.3", "deterministic",
