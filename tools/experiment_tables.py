@@ -30,9 +30,10 @@ from meshbayes.metrics.seed_intervals import (SeedInterval, paired_t_interval,  
 from meshbayes.tools import compare_runs
 
 Column = compare_runs.Column
-# OOD measures fixed before looking at any result: predictive entropy (every model has it)
-# and, for a posterior, mutual information (its samples' disagreement).
-OOD_MEASURES = ("total_uncertainty", "mutual_information")
+# OOD measures fixed before looking at any result: predictive entropy (every model has it),
+# for a posterior mutual information (its samples' disagreement), and for a set decoded by
+# beam search the beam-level total uncertainty.
+OOD_MEASURES = ("total_uncertainty", "mutual_information", "beam_total_uncertainty")
 BASELINE = "deterministic"  # the column every paired difference is taken against,
 SCALED_BASELINE = "temperature-scaled"  # but a temperature-scaled column's: this one
 
@@ -81,8 +82,9 @@ def _auroc(measure: str) -> registry.Measure:
   return registry.get(registry.family_name(registry.AUROC, measure))
 
 
-# The OOD AUROCs of the seed tables and verdicts, by these measures of the headline.
-OOD_MEASURES = ("total_uncertainty", "beam_total_uncertainty")
+# The OOD AUROCs of the seed tables and verdicts, by these measures of the headline (every
+# model has them).
+SEED_OOD_MEASURES = ("total_uncertainty", "beam_total_uncertainty")
 
 
 def ood_figure(ood_set: str, measure: str = "total_uncertainty") -> str:
@@ -101,8 +103,8 @@ def paired_table(cols: Sequence[Column], num_resamples: int = bootstrap.DEFAULT_
                  ) -> tuple[str, dict[str, Any]]:
   """Each column's headline figures minus the deterministic model's on the same resampled
   sources, with the interval and its verdict (better, worse, within noise); and, per OOD
-  set, each posterior's AUROC by total uncertainty and by mutual information minus the
-  deterministic model's by total uncertainty."""
+  set, each column's AUROC by each of ``OOD_MEASURES`` it has minus the deterministic
+  model's by total uncertainty."""
   by_title = {group_title(c.title): c for c in cols}
   baseline = by_title.get(BASELINE)
   bases = {c.title: by_title.get(baseline_of(c.title), baseline) for c in cols}
@@ -198,7 +200,7 @@ def seed_values(groups: Mapping[str, Mapping[int, Path]], predictives: Mapping[s
                 ) -> dict[str, dict[str, dict[int, float]]]:
   """``{title: {figure: {seed: value}}}``: each seed's headline figures and the counts of
   positive labels they rest on (and, for an evaluation's headline predictive, its OOD
-  AUROCs by ``OOD_MEASURES``, as ``ood_figure`` names)
+  AUROCs by ``SEED_OOD_MEASURES``, as ``ood_figure`` names)
   read from ``groups`` (title -> ``{seed: evaluation directory}``), of the predictive
   ``predictives[title]``; undefined figures (null, NaN) are left out."""
   values: dict[str, dict[str, dict[int, float]]] = {}
@@ -217,7 +219,7 @@ def seed_values(groups: Mapping[str, Mapping[int, Path]], predictives: Mapping[s
           found.setdefault(name, {})[seed] = float(value)
       if predictive == run_metrics["predictives"][0]:  # OOD is scored by the headline
         for ood_set, entry in run_metrics.get("ood", {}).items():
-          for measure in OOD_MEASURES:
+          for measure in SEED_OOD_MEASURES:
             auroc = entry.get(_auroc(measure).name)
             if auroc is not None and np.isfinite(auroc):
               found.setdefault(ood_figure(ood_set, measure), {})[seed] = float(auroc)
@@ -250,7 +252,7 @@ def seed_table(cols: Sequence[Column], values: Mapping[str, Mapping[str, Mapping
       registry.HEADLINE_FIGURES) | {
           ood_figure(s, m) for c in cols if c.is_headline
           for s, entry in c.metrics.get("ood_intervals", {}).items()
-          for m in OOD_MEASURES if _auroc(m).name in entry}
+          for m in SEED_OOD_MEASURES if _auroc(m).name in entry}
   titles = []
   for c in cols:
     seeds = _seed_count(values.get(group_title(c.title), {}))

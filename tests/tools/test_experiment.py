@@ -127,6 +127,10 @@ def test_two_methods_end_to_end_at_both_checkpoints_and_resumed(data_dir, tmp_pa
   assert re.search(r"\| BLEU \| \+0\.00 \[\+0\.00, \+0\.00\] within noise \|", report)
   assert "| negative log probability |" in report
   assert "spanish: the measure chosen on the other half" in report
+  # The measures fixed in advance, mutual information among them, in the OOD and paired tables.
+  assert re.search(r"^\| spanish: mutual information \| - \| \d\.\d{3} \[", report, flags=re.M)
+  assert ("| OOD spanish: AUROC by mutual information minus deterministic's by total "
+          "uncertainty | ") in report
   assert "over seeds" not in report
   summary = json.loads((out / "report.json").read_text())
   for run in ("deterministic", "bayesian"):
