@@ -34,6 +34,8 @@ Column = compare_runs.Column
 # for a posterior mutual information (its samples' disagreement), and for a set decoded by
 # beam search the beam-level total uncertainty.
 OOD_MEASURES = ("total_uncertainty", "mutual_information", "beam_total_uncertainty")
+# Those every model has: the OOD AUROCs of the seed tables and verdicts.
+SEED_OOD_MEASURES = ("total_uncertainty", "beam_total_uncertainty")
 BASELINE = "deterministic"  # the column every paired difference is taken against,
 SCALED_BASELINE = "temperature-scaled"  # but a temperature-scaled column's: this one
 
@@ -80,11 +82,6 @@ def _positives(col: Column, name: str) -> float | None:
 def _auroc(measure: str) -> registry.Measure:
   """The registry's entry of the OOD AUROC by ``measure``."""
   return registry.get(registry.family_name(registry.AUROC, measure))
-
-
-# The OOD AUROCs of the seed tables and verdicts, by these measures of the headline (every
-# model has them).
-SEED_OOD_MEASURES = ("total_uncertainty", "beam_total_uncertainty")
 
 
 def ood_figure(ood_set: str, measure: str = "total_uncertainty") -> str:
