@@ -179,6 +179,20 @@ def _write_log(prog: str, argv: Sequence[str], error: BaseException, model_dir: 
   return None
 
 
+def write_line(line: str, fd: int = 2) -> None:
+  """Writes ``line`` and its newline to file descriptor ``fd`` in one ``write``.
+
+  ``print`` in unbuffered mode writes the text and the newline apart, so a log line
+  that C++ code (gloo, the coordination service) writes between them is glued onto
+  it; one write of at most ``PIPE_BUF`` bytes reaches a pipe whole.
+  """
+  sys.stdout.flush()
+  sys.stderr.flush()
+  data = (line + "\n").encode(errors="replace")
+  while data:
+    data = data[os.write(fd, data):]
+
+
 def _report(prog: str, argv: Sequence[str], error: Exception, model_dir: Any) -> None:
   """One line on stderr, the traceback in a log file, and exit (status 2 for a usage
   error, else 1)."""
@@ -187,7 +201,7 @@ def _report(prog: str, argv: Sequence[str], error: Exception, model_dir: Any) ->
   if not isinstance(error, UsageError):
     log = _write_log(prog, argv, error, model_dir)
     line += f" (traceback in {log})" if log else ""
-  print(line, file=sys.stderr, flush=True)
+  write_line(line)
   status = 2 if isinstance(error, UsageError) else 1
   if label:
     # A normal exit waits at jax.distributed's shutdown barrier for peers that may be

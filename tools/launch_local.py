@@ -100,7 +100,9 @@ def start(commands: Sequence[Sequence[str]], env: dict[str, str] | None = None
 def _stream(index: int, process: subprocess.Popen, out: TextIO, lock: threading.Lock) -> None:
   for line in process.stdout:
     with lock:
-      out.write(f"[{index}] {line}")
+      # A process killed mid-line leaves its last line without a newline; ending it here
+      # keeps the next process's line from being glued onto it.
+      out.write(f"[{index}] {line}" if line.endswith("\n") else f"[{index}] {line}\n")
       out.flush()
 
 

@@ -184,6 +184,42 @@ def test_saved_by_one_process_resumes_in_two(runs):
   assert worst <= LOSS_RTOL
 
 
+_ERROR = re.compile(r"meshbayes\.train: error: process (\d)/2: (.*?) \(traceback in (\S+?\.log)\)")
+
+
+def error_lines(output: str) -> dict[int, list[tuple[int, str]]]:
+  """Each process's error lines in ``launch_local``'s output, apart: ``{process: [(label,
+  message), ...]}`` from the lines prefixed ``[process] ``.
+
+  A line another writer glued onto an error line (a peer's C++ log, written by the
+  same process's threads) is not the error's: only the error's own text is read, and
+  it must be whole, from ``meshbayes.train: error:`` to its log file.
+  """
+  found: dict[int, list[tuple[int, str]]] = {}
+  for line in output.splitlines():
+    prefixed = re.match(r"\[(\d)\] (.*)", line)
+    if not prefixed or "meshbayes.train: error:" not in line:
+      continue
+    errors = list(_ERROR.finditer(prefixed.group(2)))
+    assert errors, f"an error line cut short: {line!r}"
+    found.setdefault(int(prefixed.group(1)), []).extend(
+        (int(e.group(1)), e.group(2)) for e in errors)
+  return found
+
+
+def test_error_lines_are_read_apart_from_lines_glued_onto_them():
+  glued = ("[1] E1129 06:00:01.000000 4242 tcp_connection.cc:91] peer closed the connection"
+           "[0] meshbayes.train: error: process 0/2: mesh data='2' is a str; expected an int: "
+           "x (traceback in run/logs/a.log)\n"
+           "[0] meshbayes.train: error: process 0/2: second (traceback in b.log)E1129 "
+           "06:00:02 4242 gloo.cc:12] Connection reset by peer\n"
+           "[1] I1129 unrelated\n")
+  assert error_lines(glued) == {1: [(0, "mesh data='2' is a str; expected an int: x")],
+                                0: [(0, "second")]}
+  with pytest.raises(AssertionError, match="cut short"):
+    error_lines("[0] meshbayes.train: error: process 0/2: mesh data='2' is a st\n")
+
+
 def test_an_error_is_one_line_naming_the_process(tmp_path):
   """An error after the processes joined: each says it in one line with its label and
   leaves at once (the first to fail gets its peer stopped, so one line may be all)."""
@@ -191,12 +227,13 @@ def test_an_error_is_one_line_naming_the_process(tmp_path):
   status, output = _two_processes(_args(tmp_path / "run", STEPS,
                                         "--gin.partitioning.Partitioner.data='2'"))
   assert status == 1, output[-3000:]
-  errors = [line for line in output.splitlines() if "error:" in line]
+  errors = error_lines(output)
   assert errors, output[-3000:]
-  for line in errors:
-    assert re.fullmatch(r"\[(\d)\] meshbayes\.train: error: process \1/2: mesh data='2' is a "
-                        r"str; expected an int: .* \(traceback in \S+\.log\)", line), line
-  assert len(list((tmp_path / "run" / "logs").iterdir())) >= len(errors)
+  for process, lines in errors.items():
+    for label, message in lines:
+      assert label == process, (process, label, message)
+      assert re.fullmatch(r"mesh data='2' is a str; expected an int: .*", message), message
+  assert len(list((tmp_path / "run" / "logs").iterdir())) >= sum(map(len, errors.values()))
 
 
 @pytest.mark.slow  # multi-process runs: minutes on 2 cores (make test-slow)
