@@ -68,7 +68,7 @@ import numpy as np
 from meshbayes import layers
 from meshbayes.layers import estimators
 from meshbayes.metrics import bootstrap
-from meshbayes.runtime import host_memory
+from meshbayes.runtime import host_memory, strict_json
 from meshbayes.training import ivon, train_step
 
 SECTIONS = ("step", "layers", "pipeline", "decode", "trainer", "resume")
@@ -748,7 +748,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     start = time.perf_counter()
     report[section] = runners[section](args)
     report[section]["bench_seconds"] = time.perf_counter() - start
-  text = json.dumps(report, indent=2)
+  text = strict_json.dumps(report, null_reasons=strict_json.NULL_REASONS, indent=2)
   print(text)
   if args.json:
     Path(args.json).write_text(text + "\n")

@@ -63,7 +63,8 @@ def main(argv: list[str]) -> dict:
             "temp_bytes": int(memory.temp_size_in_bytes),
             "output_bytes": int(memory.output_size_in_bytes),
             "alias_bytes": int(memory.alias_size_in_bytes)}
-  print(json.dumps(report), flush=True)
+  # Not strict_json: the code this runs under may predate it (the figures are finite).
+  print(json.dumps(report, allow_nan=False), flush=True)
   return report
 
 

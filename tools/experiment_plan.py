@@ -27,6 +27,7 @@ import numpy as np
 
 from meshbayes.evaluation import methods as predictive_methods
 from meshbayes.field_checks import is_int, positive_ints
+from meshbayes.runtime import metrics_writer, strict_json
 from meshbayes.training import early_stopping
 from meshbayes.training.posterior_diagnostics import MEDIAN_PREFIX, relative_change
 
@@ -210,14 +211,16 @@ def setting_label(setting: dict[str, str]) -> str:
 
 
 def read_json(path: Path) -> dict[str, Any]:
-  """The JSON object in ``path``; empty when there is no such file (not written yet)."""
-  return json.loads(path.read_text()) if path.is_file() else {}
+  """The JSON object in ``path`` (its nulls of non-finite figures NaN again:
+  ``strict_json.restore``); empty when there is no such file (not written yet)."""
+  return strict_json.restore(json.loads(path.read_text())) if path.is_file() else {}
 
 
 def write_json(path: Path, value: Any) -> None:
-  """Writes ``value`` to ``path`` whole or not at all (a reader never sees half of it)."""
+  """Writes ``value`` to ``path`` as strict JSON (a non-finite figure null, its reason under
+  ``strict_json.NULL_REASONS``), whole or not at all (a reader never sees half of it)."""
   temporary = path.with_suffix(".tmp")
-  temporary.write_text(json.dumps(value, indent=2))
+  temporary.write_text(strict_json.dumps(value, null_reasons=strict_json.NULL_REASONS, indent=2))
   temporary.replace(path)
 
 
@@ -227,7 +230,7 @@ def write_json(path: Path, value: Any) -> None:
 def _evaluations(run_dir: Path) -> list[dict[str, Any]]:
   """The trainer's periodic validation passes of a run (``eval/metrics.jsonl``), by step."""
   path = run_dir / "eval" / "metrics.jsonl"
-  rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+  rows = metrics_writer.read_lines(path) if path.is_file() else []
   return sorted((r for r in rows if "nll" in r), key=lambda r: int(r["step"]))
 
 

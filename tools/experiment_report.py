@@ -25,6 +25,7 @@ import numpy as np
 from meshbayes import metrics
 from meshbayes.evaluation import methods as predictive_methods
 from meshbayes.metrics import measures as registry
+from meshbayes.runtime import metrics_writer
 from meshbayes.training import checkpoints
 from meshbayes.tools import (compare_runs, experiment_tables, experiment_verdicts,
                              inspect_checkpoint)
@@ -82,7 +83,7 @@ def posterior_diagnostics(step_dir: Path) -> dict[str, dict[str, Any]]:
 
 def training_log(run_dir: Path) -> list[dict[str, float]]:
   path = run_dir / "metrics.jsonl"
-  return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+  return metrics_writer.read_lines(path) if path.is_file() else []
 
 
 def step_seconds(run_dir: Path) -> float:

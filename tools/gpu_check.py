@@ -46,6 +46,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from meshbayes.runtime import strict_json
 from meshbayes.scaling.targets import GPU_MEMORY_FRACTION
 
 EXAMPLE = "gin_configs/examples/tiny_synthetic_bayesian.gin"
@@ -207,6 +208,12 @@ def run_step_preset(name: str, step: StepPreset, args: argparse.Namespace, work:
   return merge(parts)
 
 
+def report_text(report: dict[str, Any]) -> str:
+  """The report as strict JSON: a non-finite figure null, its reason under ``null_reasons``
+  (a step section's own, written by its process, stay in that section)."""
+  return strict_json.dumps(report, null_reasons=strict_json.NULL_REASONS, indent=2) + "\n"
+
+
 def summary(steps: dict[str, dict[str, Any]]) -> str:
   """A markdown table: each measured step beside the frozen model's prediction."""
   lines = ["| preset | kind | measured s | predicted s | measured / predicted - 1 | "
@@ -333,7 +340,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
       report = step_section(presets[args.step_only], args.kinds, args.rounds)
     except Exception:
       report = {"errors": {"section": traceback.format_exc()[-1500:]}}
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    Path(args.out).write_text(report_text(report))
     return report
   import jax
 
@@ -346,7 +353,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
       began = time.perf_counter()
       report["step"][name] = run_step_preset(name, presets[name], args, Path(work))
       report["step"][name]["seconds_total"] = time.perf_counter() - began
-      Path(args.out).write_text(json.dumps(report, indent=2) + "\n")  # what a cut run keeps
+      Path(args.out).write_text(report_text(report))  # what a cut run keeps
     if args.train_steps:
       report.update(run_section(Path(work), args.train_steps, 8 if args.toy else 32,
                                 timeout=300))
@@ -354,8 +361,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   report["ok"] = all(not s.get("errors") for s in report["step"].values()) and all(parts)
   report["seconds"] = time.perf_counter() - start
   report["summary"] = summary(report["step"])
-  Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-  print(json.dumps(report, indent=2))
+  Path(args.out).write_text(report_text(report))
+  print(report_text(report), end="")
   print(report["summary"])
   return report
 

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from meshbayes.runtime import strict_json
 from meshbayes.scaling import hlo_profile, roofline, targets
 from meshbayes.scaling.measured_steps import H200_STEPS, MEASURED_COMMIT, MeasuredStep
 
@@ -55,7 +56,9 @@ def compile_step(step: MeasuredStep, site: Path | None, hlo_path: Path,
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   if site is not None:
     env["PYTHONPATH"] = str(site)
-  done = subprocess.run([sys.executable, str(DEVICELESS_COMPILE), json.dumps(request)], env=env,
+  # A non-finite setting is an error here, not a null the compile would read as unset.
+  argument = json.dumps(request, allow_nan=False)
+  done = subprocess.run([sys.executable, str(DEVICELESS_COMPILE), argument], env=env,
                         capture_output=True, text=True)
   if done.returncode:
     raise RuntimeError(f"deviceless compile of {step.name} failed: {done.stderr[-2000:]}")
@@ -139,7 +142,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "steps": rows, "memory": memory,
             "ok": all(abs(r["error"]) <= args.tolerance for r in rows)}
   Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-  Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+  text = strict_json.dumps(report, null_reasons=strict_json.NULL_REASONS, indent=1)
+  Path(args.json).write_text(text + "\n")
   print(markdown(rows) + f"ok: {report['ok']}")
   return report
 

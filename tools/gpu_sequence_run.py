@@ -45,6 +45,8 @@ from typing import Any
 
 import numpy as np
 
+from meshbayes.runtime import strict_json
+
 RECIPES = ("deterministic", "bayesian")
 SPLITS = ("train", "validation", "test")
 FEATURES = ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens",
@@ -112,7 +114,7 @@ def export(task: str, out: Path) -> dict[str, Any]:
   meta.update(test_sources=len(arrays["test_source_inputs"]),
               test_references=len(arrays["test_reference_ids"]))
   out.parent.mkdir(parents=True, exist_ok=True)
-  np.savez_compressed(out, meta=np.array(json.dumps(meta)), **arrays)
+  np.savez_compressed(out, meta=np.array(strict_json.dumps(meta)), **arrays)
   meta["bytes"] = out.stat().st_size
   return meta
 
@@ -393,7 +395,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     log["config"] = setup["config"]
     np.savez_compressed(out / f"{name}.npz", **outputs)
     report["recipes"][name] = log
-    (out / "run.json").write_text(json.dumps(report, indent=1) + "\n")  # what a cut run keeps
+    text = strict_json.dumps(report, null_reasons=strict_json.NULL_REASONS, indent=1)
+    (out / "run.json").write_text(text + "\n")  # what a cut run keeps
     print(f"run: {name}: validation NLL {log['validation']['nll']:.3f}; decoded in "
           f"{log['eval_seconds']:.0f} s; {out / name}.npz", flush=True)
   return report
@@ -561,7 +564,7 @@ def main(argv: Sequence[str] | None = None) -> Any:
     return run(args)
   if args.command == "export":
     meta = export(args.task, Path(args.out))
-    print(json.dumps(meta, indent=1))
+    print(strict_json.dumps(meta, indent=1))
     print(f"export: {args.out}, {meta['bytes'] / 2**20:.1f} MiB")
     return meta
   arrays, meta = load_arrays(Path(args.arrays))
@@ -575,7 +578,8 @@ def main(argv: Sequence[str] | None = None) -> Any:
     from meshbayes.evaluation.items import as_json
 
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(as_json(figures), indent=1) + "\n")
+    Path(args.json).write_text(strict_json.dumps(as_json(figures), null_reasons=strict_json.NULL_REASONS,
+                                                 indent=1) + "\n")
   return figures
 
 

@@ -29,6 +29,7 @@ from meshbayes.planet import report  # noqa: E402
 from meshbayes.planet.agent import Agent  # noqa: E402
 from meshbayes.planet.config import PRESETS  # noqa: E402
 from meshbayes.planet.training import train  # noqa: E402
+from meshbayes.runtime import strict_json  # noqa: E402
 
 
 # PlanetConfig fields settable from the command line, with their types.
@@ -70,13 +71,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
       record = None
       if os.path.exists(path):
         with open(path) as f:
-          record = json.load(f)
+          record = strict_json.restore(json.load(f))  # a diverged run's NaN figures as trained
         if record["config"] != dataclasses.asdict(config):
           record = None  # other settings: train again
       if record is None:
         record = train(config, agents[estimator], log=lambda m: print(m, flush=True))
         with open(path + ".tmp", "w") as f:
-          json.dump(record, f)
+          f.write(strict_json.dumps(record, null_reasons=strict_json.NULL_REASONS))
         os.replace(path + ".tmp", path)
       records[estimator].append(record)
       returns = ", ".join(f"{rule} {sum(r) / len(r):.1f}"
@@ -93,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
   summary["total_seconds"] = time.perf_counter() - start
   summary["runs_wall_seconds"] = sum(r["wall_seconds"] for rs in records.values() for r in rs)
   with open(os.path.join(args.out, "planet.json"), "w") as f:
-    json.dump(summary, f, indent=2)
+    f.write(strict_json.dumps(summary, null_reasons=strict_json.NULL_REASONS, indent=2))
   report.plot(summary, os.path.join(args.out, "planet.png"), args.title)
   for estimator, comparison in summary.get("comparisons", {}).items():
     for rule, entry in comparison["rules"].items():
@@ -104,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
       print(f"{estimator} {rule}{chosen} minus PlaNet, held-out return: "
             f"{held_out['estimate']:.1f}{interval}")
     if comparison["power"]:
-      print(f"power: {json.dumps(comparison['power'])}")
+      print(f"power: {strict_json.dumps(comparison['power'])}")
   print(f"wrote {args.out}/planet.json and {args.out}/planet.png")
   return summary
 

@@ -57,7 +57,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-# Only what parses names: the environment must be set before JAX starts.
+# Only what parses names and writes JSON: the environment must be set before JAX starts.
+from meshbayes.runtime import strict_json
 from meshbayes.scaling.targets import parse_targets, prepare_libtpu
 
 _OVERRIDES = (("emb_dim", int), ("num_heads", int), ("head_dim", int), ("mlp_dim", int),
@@ -119,6 +120,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   if args.from_json is None and (not args.topologies or not args.json):
     parser.error("--topologies and --json are required (unless --from_json)")
   return args
+
+
+def records_text(records: Sequence[dict]) -> str:
+  """The study's JSON: the records as strict JSON, each non-finite figure null with its
+  reason under the record's ``null_reasons``; finite records as ``json.dumps`` writes them."""
+
+  def strict(record: dict) -> dict:
+    reasons: dict[str, str] = {}
+    clean = strict_json.finite(record, reasons=reasons)
+    return {**clean, strict_json.NULL_REASONS: reasons} if reasons else clean
+
+  return json.dumps([strict(r) for r in records], indent=1, allow_nan=False)
 
 
 def _set_up_jax(targets) -> None:
@@ -251,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     record = aot.compile_and_profile(spec, target)
     record.update(context)
     records.append(record)
-    json_path.write_text(json.dumps(records, indent=1))  # partial results survive
+    json_path.write_text(records_text(records))  # partial results survive
     jax.clear_caches()
     return record
 

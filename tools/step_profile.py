@@ -87,7 +87,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.compilation_cache import compilation_cache
 
-from meshbayes.runtime import host_memory
+from meshbayes.runtime import host_memory, strict_json
 from meshbayes.scaling import hlo
 
 KINDS = ("matmul", "layout", "noise", "kl", "optimizer", "checks", "estimator", "dropout",
@@ -793,7 +793,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     report.update(time_report(args))
     print(markdown(report))
   if args.json:
-    Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    text = strict_json.dumps(report, null_reasons=strict_json.NULL_REASONS, indent=2)
+    Path(args.json).write_text(text + "\n")
   return report
 
 

@@ -24,6 +24,7 @@ from etils import epath
 
 from meshbayes import field_checks
 from meshbayes.data import paths
+from meshbayes.runtime import strict_json
 from meshbayes.runtime.console import say
 
 if TYPE_CHECKING:  # imported when used: TensorFlow and seqio take seconds (see backend)
@@ -231,7 +232,8 @@ def _data_fingerprint(task: str, split: str) -> str | None:
       return None
     described.append([fingerprint(split), [_describe(p) for p in each.preprocessors],
                       sorted((name, f.add_eos) for name, f in each.output_features.items())])
-  return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
+  # strict_json writes what json.dumps would for finite numbers: the hashes stay the same.
+  return hashlib.sha256(strict_json.dumps(described).encode()).hexdigest()[:16]
 
 
 def _cache_key(task: str, lengths: Mapping[str, int], unit: str, split: str) -> str | None:
@@ -287,7 +289,7 @@ def _count(task: str, lengths: tuple[tuple[str, int], ...], unit: str, split: st
     try:
       cache.parent.mkdir(parents=True, exist_ok=True)
       partial = cache.parent / f"{cache.name}.{uuid.uuid4().hex}.tmp"  # hosts count at once
-      partial.write_text(json.dumps(dict(known, **{key: count}), indent=1))
+      partial.write_text(strict_json.dumps(dict(known, **{key: count}), indent=1))
       partial.replace(cache)
     except OSError as error:  # a read-only data directory only loses the cache
       where = f"not cached ({_first_line(error)})"

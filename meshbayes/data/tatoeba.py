@@ -25,6 +25,8 @@ from typing import NamedTuple
 import tqdm
 from etils import epath
 
+from meshbayes.runtime import strict_json
+
 SDIST_REQUIREMENT = "nmt==0.0.6"
 SDIST_NAME = "nmt-0.0.6.tar.gz"
 SDIST_SHA256 = "65db964c0afd5b0dbc4baecdce736f53222f63b791958176b5771db78a005096"
@@ -295,5 +297,5 @@ def prepare(root: str | os.PathLike, sdist: str | Path, heldout_english: int = H
       "ood_spanish": len(ood),
   }
   # Written last: its presence means the preparation finished.
-  _manifest_path(root).write_text(json.dumps(manifest, indent=2) + "\n")
+  _manifest_path(root).write_text(strict_json.dumps(manifest, indent=2) + "\n")
   return manifest

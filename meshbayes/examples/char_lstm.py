@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import json
 import math
 import os
 import time
@@ -28,6 +27,7 @@ from meshbayes.layers import (KL_COLLECTION, RNN, Dense, Embed, kl_penalty, lstm
                               total_kl)
 from meshbayes.metrics import (sum_statistics, token_calibration_metrics,
                                token_calibration_statistics)
+from meshbayes.runtime import strict_json
 
 Array = jax.Array
 
@@ -337,7 +337,7 @@ def run(config: CharLSTMConfig, output_dir: str, train_text: Sequence[str] | Non
   os.makedirs(output_dir, exist_ok=True)
   _plot(os.path.join(output_dir, "char_lstm.png"), curves, config, vocab.size)
   with open(os.path.join(output_dir, "char_lstm.json"), "w") as f:
-    json.dump(results, f, indent=2)
+    f.write(strict_json.dumps(results, null_reasons=strict_json.NULL_REASONS, indent=2))
   return results
 
 
@@ -394,9 +394,10 @@ def main(argv: Sequence[str] | None = None, train_text: Sequence[str] | None = N
   args = vars(parser.parse_args(argv))
   output_dir = args.pop("output_dir")
   results = run(CharLSTMConfig(**args), output_dir, train_text, val_text)
-  print(json.dumps({k: ({m: v for m, v in results[k].items() if m != "reliability"}
-                        if isinstance(results[k], dict) else results[k])
-                    for k in ("bayesian", "deterministic", "uniform_perplexity")}, indent=2))
+  print(strict_json.dumps({k: ({m: v for m, v in results[k].items() if m != "reliability"}
+                               if isinstance(results[k], dict) else results[k])
+                           for k in ("bayesian", "deterministic", "uniform_perplexity")},
+                          null_reasons=strict_json.NULL_REASONS, indent=2))
   return results
 
 

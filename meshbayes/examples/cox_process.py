@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -25,6 +24,7 @@ from meshbayes.field_checks import positive_ints, positive_numbers
 from meshbayes.layers import KL_COLLECTION, PoissonProcess, PoissonProcessDistribution, total_kl
 from meshbayes.layers.gaussian_process import SparseGaussianProcess
 from meshbayes.layers.poisson_process import quadrature_rule
+from meshbayes.runtime import strict_json
 
 Array = jax.Array
 DATASETS = ("coal", "synthetic_2d")
@@ -308,7 +308,7 @@ def run(config: CoxProcessConfig, output_dir: str) -> dict[str, object]:
   os.makedirs(output_dir, exist_ok=True)
   _plot(os.path.join(output_dir, "cox_process.png"), plots, results, config.grid)
   with open(os.path.join(output_dir, "cox_process.json"), "w") as f:
-    json.dump(results, f, indent=2)
+    f.write(strict_json.dumps(results, null_reasons=strict_json.NULL_REASONS, indent=2))
   return results
 
 
@@ -371,7 +371,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
   results = run(config, output_dir)
   printed = {name: {k: v for k, v in results[name].items() if k != "negative_elbo_every_20_steps"}
              for name in config.datasets}
-  print(json.dumps(printed, indent=2))
+  print(strict_json.dumps(printed, null_reasons=strict_json.NULL_REASONS, indent=2))
   return results
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -27,6 +26,7 @@ from meshbayes.layers.gaussian_process import (
   gaussian_expected_log_likelihood,
 )
 from meshbayes.models import MLP
+from meshbayes.runtime import strict_json
 
 Array = jax.Array
 MODELS = ("deep_gp", "sparse_gp", "bayesian_mlp", "exact_gp")
@@ -259,7 +259,8 @@ def run(config: DeepGPDiabetesConfig, output_dir: str) -> dict[str, object]:
   os.makedirs(output_dir, exist_ok=True)
   _plot(os.path.join(output_dir, "deep_gp_diabetes.png"), curves, predictions, y_test, results)
   with open(os.path.join(output_dir, "deep_gp_diabetes.json"), "w") as f:
-    json.dump({**results, "loss_curves_every_20_steps": curves}, f, indent=2)
+    f.write(strict_json.dumps({**results, "loss_curves_every_20_steps": curves},
+                              null_reasons=strict_json.NULL_REASONS, indent=2))
   return results
 
 
@@ -314,7 +315,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
       steps=args.steps, learning_rate=args.learning_rate, num_samples=args.num_samples,
       seed=args.seed)
   results = run(config, args.output_dir)
-  print(json.dumps({k: v for k, v in results.items() if k != "config"}, indent=2))
+  print(strict_json.dumps({k: v for k, v in results.items() if k != "config"},
+                         null_reasons=strict_json.NULL_REASONS, indent=2))
   return results
 
 

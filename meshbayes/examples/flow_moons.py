@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import time
 from collections.abc import Sequence
@@ -22,6 +21,7 @@ import optax
 from tensorflow_probability.substrates import jax as tfp
 
 from meshbayes.layers.reversible import MADE, Flow, RealNVP, Reverse
+from meshbayes.runtime import strict_json
 
 tfd = tfp.distributions
 Array = jax.Array
@@ -178,7 +178,7 @@ def run(config: FlowMoonsConfig, output_dir: str) -> dict[str, object]:
   _plot(os.path.join(output_dir, "flow_moons.png"), model, variables, test_points, samples,
         results)
   with open(os.path.join(output_dir, "flow_moons.json"), "w") as f:
-    json.dump(results, f, indent=2)
+    f.write(strict_json.dumps(results, null_reasons=strict_json.NULL_REASONS, indent=2))
   return results
 
 
@@ -228,8 +228,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
                            batch_size=args.batch_size, learning_rate=args.learning_rate,
                            num_samples=args.num_samples, seed=args.seed)
   results = run(config, args.output_dir)
-  print(json.dumps({k: v for k, v in results.items() if k != "loss_curve_every_50_steps"},
-                   indent=2))
+  print(strict_json.dumps({k: v for k, v in results.items() if k != "loss_curve_every_50_steps"},
+                         null_reasons=strict_json.NULL_REASONS, indent=2))
   return results
 
 

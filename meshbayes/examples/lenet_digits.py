@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -24,6 +24,7 @@ import optax
 from meshbayes import predictive
 from meshbayes.layers import KL_COLLECTION, conv_class, dense_class, kl_penalty, total_kl
 from meshbayes.metrics import auroc, expected_calibration_error, reliability_bins
+from meshbayes.runtime import strict_json
 
 Array = jax.Array
 NUM_CLASSES = 10
@@ -219,6 +220,14 @@ def evaluate(samples: Array, labels: np.ndarray, noise_samples: Array
   return metrics, (entropy_digits, entropy_noise)
 
 
+def null_reason(path: str, value: float) -> str:
+  """Why a figure of the JSON is null: a reliability bin's means are NaN when no test
+  digit's confidence falls in it (ten classes: none below 0.1)."""
+  if "/reliability/bin_" in path and math.isnan(value):
+    return "nan: an empty bin (no test digit's confidence in it)"
+  return strict_json.NAN_REASON if math.isnan(value) else f"{value}: not a finite number"
+
+
 def run(config: LeNetDigitsConfig, output_dir: str) -> dict[str, object]:
   """Trains both nets, evaluates them, writes the figure and the JSON; returns the numbers."""
   x_train, y_train, x_test, y_test = load_digits_split(config.test_fraction, config.seed)
@@ -240,9 +249,16 @@ def run(config: LeNetDigitsConfig, output_dir: str) -> dict[str, object]:
 
   os.makedirs(output_dir, exist_ok=True)
   _plot(os.path.join(output_dir, "lenet_digits.png"), results, entropies)
-  with open(os.path.join(output_dir, "lenet_digits.json"), "w") as f:
-    json.dump(results, f, indent=2)
+  write_json(os.path.join(output_dir, "lenet_digits.json"), results)
   return results
+
+
+def write_json(path: str, results: dict[str, object]) -> None:
+  """``results`` to ``path`` as strict JSON: a NaN figure null, with its reason
+  (``null_reason``) under ``null_reasons``."""
+  with open(path, "w") as f:
+    f.write(strict_json.dumps(results, null_reasons=strict_json.NULL_REASONS, explain=null_reason,
+                              indent=2))
 
 
 def _plot(path: str, results: dict[str, object],
@@ -288,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
   results = run(config, args.output_dir)
   summary = {e: {k: v for k, v in results[e].items() if k != "reliability"}
              for e in ("deterministic", "flipout")}
-  print(json.dumps(summary, indent=2))
+  print(strict_json.dumps(summary, null_reasons=strict_json.NULL_REASONS, indent=2))
   return results
 
 

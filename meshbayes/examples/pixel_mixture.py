@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import os
 import time
@@ -23,6 +22,7 @@ import optax
 
 from meshbayes.layers.reversible import MADE
 from meshbayes.layers.stochastic_outputs import Discretize, MixtureLogistic
+from meshbayes.runtime import strict_json
 
 Array = jax.Array
 LEVELS = 17  # grey levels 0..16
@@ -188,7 +188,7 @@ def run(config: PixelMixtureConfig, output_dir: str) -> dict[str, object]:
   _plot(test[:config.num_samples], samples, curve, results,
         os.path.join(output_dir, "pixel_mixture.png"))
   with open(os.path.join(output_dir, "pixel_mixture.json"), "w") as f:
-    json.dump(results, f, indent=2)
+    f.write(strict_json.dumps(results, null_reasons=strict_json.NULL_REASONS, indent=2))
   return results
 
 
@@ -250,8 +250,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
                               weight_decay=args.weight_decay, num_samples=args.num_samples,
                               test_fraction=args.test_fraction, seed=args.seed)
   results = run(config, args.output_dir)
-  print(json.dumps({k: v for k, v in results.items()
-                    if k != "bits_per_dim_curve_step_train_batch_test"}, indent=2))
+  print(strict_json.dumps({k: v for k, v in results.items()
+                          if k != "bits_per_dim_curve_step_train_batch_test"},
+                         null_reasons=strict_json.NULL_REASONS, indent=2))
   return results
 
 

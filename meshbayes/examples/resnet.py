@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 from collections.abc import Sequence
 
@@ -26,6 +25,7 @@ from meshbayes.examples.lenet_digits import (
   train,
 )
 from meshbayes.layers import DenseVariationalDropout, conv_class, count_parameters, dense_class
+from meshbayes.runtime import strict_json
 
 Array = jax.Array
 
@@ -217,7 +217,7 @@ def run(config: ResNetConfig, output_dir: str) -> dict[str, object]:
   os.makedirs(output_dir, exist_ok=True)
   _plot(os.path.join(output_dir, "resnet.png"), results)
   with open(os.path.join(output_dir, "resnet.json"), "w") as f:
-    json.dump(results, f, indent=2)
+    f.write(strict_json.dumps(results, null_reasons=strict_json.NULL_REASONS, indent=2))
   return results
 
 
@@ -266,7 +266,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
                         epochs=args.epochs, num_samples=args.num_samples,
                         count_resnet50=not args.skip_resnet50, seed=args.seed)
   results = run(config, args.output_dir)
-  print(json.dumps({k: v for k, v in results.items() if k != "config"}, indent=2))
+  print(strict_json.dumps({k: v for k, v in results.items() if k != "config"},
+                         null_reasons=strict_json.NULL_REASONS, indent=2))
   return results
 
 

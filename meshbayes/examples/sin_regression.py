@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import time
 from collections.abc import Sequence
@@ -23,6 +22,7 @@ import optax
 
 from meshbayes.layers import KL_COLLECTION, kl_penalty, sample_weights, total_kl
 from meshbayes.models import MLP
+from meshbayes.runtime import strict_json
 
 Array = jax.Array
 
@@ -142,7 +142,7 @@ def run(config: SinRegressionConfig, output_dir: str) -> dict[str, object]:
   _plot(os.path.join(output_dir, "sin_regression.png"), np.asarray(x[:, 0]), np.asarray(y[:, 0]),
         grid, truth, mean, epistemic, predictive, samples[:10], ratio)
   with open(os.path.join(output_dir, "sin_regression.json"), "w") as f:
-    json.dump(results, f, indent=2)
+    f.write(strict_json.dumps(results, null_reasons=strict_json.NULL_REASONS, indent=2))
   return results
 
 
@@ -187,7 +187,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
                                estimator=args.estimator, num_samples=args.num_samples,
                                min_ratio=args.min_ratio, seed=args.seed)
   results = run(config, args.output_dir)
-  print(json.dumps({k: v for k, v in results.items() if k != "config"}, indent=2))
+  print(strict_json.dumps({k: v for k, v in results.items() if k != "config"},
+                         null_reasons=strict_json.NULL_REASONS, indent=2))
   return results
 
 

@@ -8,7 +8,6 @@ MSE and codebook usage. docs/examples.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from collections.abc import Sequence
@@ -28,6 +27,7 @@ from meshbayes.layers.vector_quantization import (
     code_usage,
     total_vq_loss,
 )
+from meshbayes.runtime import strict_json
 
 Array = jax.Array
 
@@ -136,7 +136,7 @@ def run(output_dir: str, steps: int = 3000, num_embeddings: int = 32, embedding_
   os.makedirs(output_dir, exist_ok=True)
   plot(os.path.join(output_dir, "vqvae_digits.png"), x_test, recon, counts, metrics)
   with open(os.path.join(output_dir, "vqvae_digits.json"), "w") as f:
-    json.dump(results, f, indent=2)
+    f.write(strict_json.dumps(results, null_reasons=strict_json.NULL_REASONS, indent=2))
   return results
 
 
@@ -182,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
   results = run(**vars(args))
   summary = {k: v for k, v in results.items()
              if k not in ("code_counts", "train_loss_every_100_steps")}
-  print(json.dumps(summary, indent=2))
+  print(strict_json.dumps(summary, null_reasons=strict_json.NULL_REASONS, indent=2))
   return results
 
 

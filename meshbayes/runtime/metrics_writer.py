@@ -2,7 +2,9 @@
 progress bars for passes over data.
 
 Only process 0 writes. Directories may be local or URIs such as
-``gs://bucket/run/train`` (written through ``etils.epath``).
+``gs://bucket/run/train`` (written through ``etils.epath``). A non-finite scalar (an
+undefined figure) is left out of TensorBoard, which has no use for it and warns of it;
+its JSON line has it as null and says why.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import IO, TextIO, TypeVar
 
 import jax
 from etils import epath
+
+from meshbayes.runtime import strict_json
 
 T = TypeVar("T")
 # URI schemes whose event files go through epath.
@@ -67,12 +71,16 @@ class MetricsWriter:
     self._jsonl = epath.Path(jsonl_path).open("a")
 
   def write(self, step: int, metrics: dict[str, float]) -> None:
+    """The finite ``metrics`` to TensorBoard at ``step``, and all of them as one JSON line
+    (a non-finite one null, its reason under ``null_reasons``)."""
     if not self.enabled:
       return
     for name, value in metrics.items():
-      self._tensorboard.add_scalar(name, value, step)
+      if math.isfinite(value):
+        self._tensorboard.add_scalar(name, value, step)
     self._tensorboard.flush()
-    self._jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
+    self._jsonl.write(strict_json.dumps({"step": step, **metrics}, null_reasons=strict_json.NULL_REASONS,
+                                        explain=_not_in_tensorboard) + "\n")
     self._jsonl.flush()
 
   def close(self) -> None:
@@ -88,6 +96,19 @@ class MetricsWriter:
                     f"{error.strerror or error}") from error
     finally:
       self._jsonl.close()
+
+
+def read_lines(path: epath.PathLike) -> list[dict[str, float]]:
+  """The records of a ``metrics.jsonl`` as written: each null that ``null_reasons``
+  explains back as the number it was (older files' bare NaN read too)."""
+  return [strict_json.restore(json.loads(line))
+          for line in epath.Path(path).read_text().splitlines()]
+
+
+def _not_in_tensorboard(name: str, value: float) -> str:
+  del name
+  what = "nan: undefined" if math.isnan(value) else f"{value}: not a finite number"
+  return f"{what}; left out of TensorBoard"
 
 
 def progress(items: Iterable[T], description: str, total: int | None = None) -> Iterator[T]:

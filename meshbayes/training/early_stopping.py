@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 from etils import epath
 
+from meshbayes.runtime import metrics_writer
+
 STOP_FILE = "early_stopping.json"
 
 
@@ -66,8 +68,7 @@ def validation_history(model_dir: str | epath.PathLike, up_to_step: int | None =
   path = epath.Path(model_dir) / "eval" / "metrics.jsonl"
   found = {}
   if path.exists():
-    for line in path.read_text().splitlines():
-      record = json.loads(line)
+    for record in metrics_writer.read_lines(path):
       if "nll" in record and (up_to_step is None or record["step"] <= up_to_step):
         found[int(record["step"])] = float(record["nll"])
   return sorted(found.items())

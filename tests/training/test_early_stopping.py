@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+from meshbayes.runtime.metrics_writer import MetricsWriter
 from meshbayes.training import early_stopping
 from meshbayes.training.run_configs import EvaluationConfig
 from tests.training.runs import train, train_args
@@ -95,3 +96,16 @@ def test_the_trainer_stops_where_the_rule_says_and_a_resumed_run_too(tmp_path, c
                        "--gin.run_configs.EvaluationConfig.patience=5")
   assert code == 0 and "trained to step 8" in out
   assert early_stopping.read_stop(resumed) is None
+
+
+def test_an_undefined_validation_nll_reads_back_as_nan(tmp_path):
+  """metrics.jsonl is strict JSON (a NaN is null with its reason); the history reads it
+  back as NaN, which never counts as an improvement."""
+  (tmp_path / "eval").mkdir()
+  writer = MetricsWriter(tmp_path / "eval", tmp_path / "eval" / "metrics.jsonl")
+  for step, nll in ((2, 3.0), (4, float("nan")), (6, 2.5)):
+    writer.write(step, {"nll": nll})
+  writer.close()
+  history = early_stopping.validation_history(tmp_path)
+  assert [s for s, _ in history] == [2, 4, 6]
+  assert history[0][1] == 3.0 and np.isnan(history[1][1]) and history[2][1] == 2.5
