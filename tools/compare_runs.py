@@ -25,8 +25,10 @@ from typing import Any
 import numpy as np
 
 from meshbayes import metrics
+from meshbayes.evaluation import manifest
 from meshbayes.metrics import bootstrap
 from meshbayes.metrics import measures as registry
+from meshbayes.runtime import strict_json
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,12 +69,12 @@ def load(run: Path, task: str) -> tuple[dict[str, Any], dict[str, Any]]:
   """``(metrics.json, reliability.json)`` of a run's evaluation on ``task`` (``run`` is the
   run's directory or the evaluation's own)."""
   directory = evaluation_dir(run, task)
-  try:
-    return (json.loads((directory / "metrics.json").read_text()),
-            json.loads((directory / "reliability.json").read_text()))
-  except FileNotFoundError:
+  found = [manifest.read_checked(directory, name, what) for name, what in (
+      ("metrics.json", "the metrics"), ("reliability.json", "the reliability diagrams"))]
+  if None in found:
     raise ValueError(f"{directory} has no evaluation; run python -m meshbayes.eval on "
-                     f"{run} first") from None
+                     f"{run} first")
+  return strict_json.restore(json.loads(found[0])), json.loads(found[1])
 
 
 def evaluation_dir(run: Path, task: str) -> Path:

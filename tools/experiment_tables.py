@@ -96,6 +96,19 @@ def parse_ood_figure(name: str) -> tuple[str, str]:
   return ood_set, (measure[0] if measure else "total_uncertainty")
 
 
+def _read_items(col: Column) -> evaluation_items.SourceItems:
+  """``col``'s items, refused unless of the step and method of its ``metrics.json``."""
+  return evaluation_items.read_items(col.directory, col.predictive,
+                                     step=col.metrics.get("step"),
+                                     method=col.metrics.get("method"))
+
+
+def _read_ood_scores(col: Column) -> evaluation_items.OodScores | None:
+  """``col``'s OOD scores (None: none), checked as ``_read_items``' items are."""
+  return evaluation_items.read_ood_scores(col.directory, step=col.metrics.get("step"),
+                                          method=col.metrics.get("method"))
+
+
 def paired_table(cols: Sequence[Column], num_resamples: int = bootstrap.DEFAULT_RESAMPLES
                  ) -> tuple[str, dict[str, Any]]:
   """Each column's headline figures minus the deterministic model's on the same resampled
@@ -108,7 +121,7 @@ def paired_table(cols: Sequence[Column], num_resamples: int = bootstrap.DEFAULT_
   others = [c for c in cols if c is not baseline]
   if baseline is None or not others:
     return "", {}
-  items = {c.title: evaluation_items.read_items(c.directory, c.predictive) for c in cols}
+  items = {c.title: _read_items(c) for c in cols}
   differences = {c.title: evaluation_items.paired_differences(
       items[c.title], items[bases[c.title].title], num_resamples) for c in others}
   lines = _header(f"minus {BASELINE} (a temperature-scaled posterior: minus the "
@@ -122,11 +135,11 @@ def paired_table(cols: Sequence[Column], num_resamples: int = bootstrap.DEFAULT_
              for c, d in zip(others, differences.values())]
     lines.append(f"| {figure.label} | " + " | ".join(cells) + " |")
   summary = {title: evaluation_items.as_json(d) for title, d in differences.items()}
-  base_ood = evaluation_items.read_ood_scores(baseline.directory)
+  base_ood = _read_ood_scores(baseline)
   ood = {c.title: evaluation_items.ood_paired_differences(
       scores, base_ood, {m: (m, "total_uncertainty") for m in OOD_MEASURES}, num_resamples)
          for c in others if c.is_headline
-         and (scores := evaluation_items.read_ood_scores(c.directory)) is not None}
+         and (scores := _read_ood_scores(c)) is not None}
   if base_ood is not None:
     for ood_set in sorted(base_ood.out_of_domain):
       for measure in OOD_MEASURES:
@@ -160,7 +173,7 @@ def ood_table(cols: Sequence[Column], num_resamples: int = bootstrap.DEFAULT_RES
   """Per OOD set, each headline column's AUROC by the measures fixed in advance, and the
   measure chosen on half of the inputs with its AUROC on the other half."""
   scored = [(c, scores) for c in cols if c.is_headline
-            and (scores := evaluation_items.read_ood_scores(c.directory)) is not None]
+            and (scores := _read_ood_scores(c)) is not None]
   if not scored:
     return "", {}
   lines = _header("OOD set: AUROC [95% interval] by", [c.title for c, _ in scored])
@@ -347,7 +360,7 @@ def plot_rejection(cols: Sequence[Column], path: Path,
   for col in cols:
     if col.predictive not in col.metrics.get("decoding", {}):
       continue
-    items = evaluation_items.read_items(col.directory, col.predictive)
+    items = _read_items(col)
     error = 1.0 - items.sentence_bleu / 100.0
     fractions, curve = metrics.rejection_curve(error, items.error_measures[measure])
     random = error.mean() * (1.0 - fractions)

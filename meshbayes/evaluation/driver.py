@@ -4,8 +4,9 @@ uncertainty on a split, each figure with a bootstrap interval over the split's s
 ``evaluate`` restores the run's parameters from the latest (or a given) checkpoint in
 ``MODEL_DIR`` (local or ``gs://``) onto the partitioner's mesh, builds the predictive
 method's posterior (``evaluation.methods``), runs the passes (``evaluation.phases``) and
-writes ``metrics.json``, reliability diagrams, each predictive's items and TensorBoard
-scalars to ``ReportConfig.output_dir`` (default ``MODEL_DIR/eval/<task>/``).
+writes ``metrics.json``, reliability diagrams and each predictive's items, one set under its
+manifest replacing the previous set (``evaluation.writer``), and TensorBoard scalars to
+``ReportConfig.output_dir`` (default ``MODEL_DIR/eval/<task>/``).
 """
 
 from __future__ import annotations
@@ -86,6 +87,9 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
   if ood_sets.beam_sets and not (decoding.enabled and predictive.beam_measures):
     raise ValueError(f"evaluate: OodConfig.beam_sets={list(ood_sets.beam_sets)} need the "
                      "split decoded by beam search with PredictiveConfig.beam_measures=True")
+  # The method checked against the run's metadata and config.gin before anything loads.
+  method = methods.resolve_run(predictive.method_name, model, model_dir, checkpoint_step,
+                               predictive.ensemble_dirs)
   partitioner = partitioner or Partitioner()
   model, params, step = _restored(model_dir, model, data, partitioner, checkpoint_step,
                                   predictive)
@@ -98,7 +102,7 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
   batches = list(progress.track(data.eval_batches(partitioner.data_layout(data.batch_size),
                                                   split), f"reading {data.task}/{split}"))
   progress.split_batches = len(batches)
-  result: dict[str, Any] = {"step": step, "task": data.task, "split": split,
+  result: dict[str, Any] = {"step": step, "method": method, "task": data.task, "split": split,
                             "num_samples": predictive.num_samples}
   if has_mean:
     result.update(_teacher_forced(run, batches, predictive.num_samples))
@@ -119,13 +123,16 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
                  "batch_size": data.batch_size, "num_sources": len(sources.texts),
                  "decoding": dataclasses.asdict(decoding),
                  "predictive": dataclasses.asdict(predictive)}
-  reliability, records = _figures(run, batches, sources, variants, decoding, predictive,
-                                  report, out_dir, result, fingerprint)
-  if decoding.enabled:
-    _ood(run, sources, variants[0], ood_sets, report, out_dir, result,
-         records[variants[0].name], decoding.beam_size)
+  reliability, records, source_items = _figures(run, batches, sources, variants, decoding,
+                                                predictive, report, out_dir, result,
+                                                fingerprint)
+  scores = _ood(run, sources, variants[0], ood_sets, report, result,
+                records[variants[0].name], decoding.beam_size) if decoding.enabled else None
   progress.finish()  # before the lines saying where the results are, which come last
-  writer.write_results(out_dir, result, reliability, epath.Path(model_dir).name)
+  # Written only now, the previous set replaced whole: a failed evaluation leaves it as it was.
+  writer.write_results(out_dir, result, reliability, epath.Path(model_dir).name, source_items,
+                       scores, {**fingerprint, "ood_sets": dataclasses.asdict(ood_sets),
+                                "report": dataclasses.asdict(report)})
   resumable.remove(out_dir)
   return result
 
@@ -201,11 +208,12 @@ def _figures(run: _Run, batches: list[dict[str, np.ndarray]], sources: Sources,
              variants: list[Predictive], decoding: DecodeConfig, predictive: PredictiveConfig,
              report: ReportConfig, out_dir: epath.Path, result: dict[str, Any],
              fingerprint: dict[str, Any]
-             ) -> tuple[dict[str, dict[str, Any]], dict[str, list[predictives.Decoded]]]:
+             ) -> tuple[dict[str, dict[str, Any]], dict[str, list[predictives.Decoded]],
+                        dict[str, items.SourceItems]]:
   """Each predictive's token calibration, decodes and figures with their intervals into
-  ``result``, its items written; returns the reliability diagrams' curves and each
-  predictive's decoded sources (none without decoding)."""
-  reliability, token_statistics = {}, {}
+  ``result``; returns the reliability diagrams' curves, each predictive's decoded sources
+  (none without decoding) and its items (for ``writer.write_results``)."""
+  reliability, token_statistics, all_items = {}, {}, {}
   result["token_calibration"] = {}
   for variant in variants:
     token, per_row = predictives.token_calibration(
@@ -222,8 +230,9 @@ def _figures(run: _Run, batches: list[dict[str, np.ndarray]], sources: Sources,
              if decoding.enabled else {})
   result["decoding"], result["intervals"] = {}, {}
   for variant in variants:
-    source_items = _source_items(run.data, sources, token_statistics[variant.name],
-                                 records.get(variant.name), report.num_bins)
+    source_items = all_items[variant.name] = _source_items(
+        run.data, sources, token_statistics[variant.name], records.get(variant.name),
+        report.num_bins)
     figures = items.intervals(source_items, report.bootstrap_resamples,
                               num_bins=report.num_bins)
     result["intervals"][variant.name] = items.as_json(figures)
@@ -236,13 +245,11 @@ def _figures(run: _Run, batches: list[dict[str, np.ndarray]], sources: Sources,
       reliability[variant.name]["sequence"] = metrics.equal_mass_reliability(
           np.clip(np.exp(source_items.log_probs), 0.0, 1.0), source_items.exact_match,
           report.num_bins)
-    if jax.process_index() == 0:
-      items.write_items(source_items, out_dir, variant.name)
   if decoding.enabled:
     headline = result["decoding"][variants[0].name]
     result.update(bleu=headline["bleu"], exact_match=headline["exact_match"],
                   sequence_ece=headline["sequence_ece"])
-  return reliability, records
+  return reliability, records, all_items
 
 
 def _source_items(data: TaskData, sources: Sources, token_statistics: dict[str, np.ndarray],
@@ -308,20 +315,20 @@ def _decode_sources(run: _Run, sources: Sources, variants: list[Predictive],
 
 
 def _ood(run: _Run, sources: Sources, headline: Predictive, settings: OodConfig,
-         report: ReportConfig, out_dir: epath.Path, result: dict[str, Any],
-         decoded: list[predictives.Decoded], beam_size: int) -> None:
-  """The OOD sets' figures and intervals into ``result``, their scores written."""
+         report: ReportConfig, result: dict[str, Any], decoded: list[predictives.Decoded],
+         beam_size: int) -> items.OodScores | None:
+  """The OOD sets' figures and intervals into ``result``; returns their scores (None
+  without OOD sets)."""
   scores = ood.ood_scores(run.model, run.params, run.data, sources, run.partitioner,
                           headline, run.rng, run.progress, settings, decoded, beam_size)
   if scores is None:
-    return
+    return None
   intervals = items.ood_intervals(scores, report.bootstrap_resamples)
   result["ood"] = {name: {"num_examples": len(next(iter(scores.out_of_domain[name].values()))),
                           **{k: v.estimate for k, v in per_measure.items()}}
                    for name, per_measure in intervals.items()}
   result["ood_intervals"] = items.as_json(intervals)
-  if jax.process_index() == 0:
-    items.write_ood_scores(scores, out_dir)
+  return scores
 
 
 def _plan(data: TaskData, split: str, variants: Sequence[Predictive], teacher_forced: bool,

@@ -6,13 +6,15 @@ gives the estimate, its bootstrap interval over sources (``intervals``) and the 
 difference against another predictive on the same sources (``paired_differences``).
 ``OodScores`` keeps each input's uncertainty measures for OOD detection (``ood_intervals``,
 ``measure_chosen_on_half``). ``read_items`` and ``read_ood_scores`` load the files an
-evaluation writes. How evaluation works: docs/uncertainty.md.
+evaluation writes, checked against its manifest (``evaluation.manifest``). How evaluation
+works: docs/uncertainty.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import io
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -21,10 +23,12 @@ import numpy as np
 from etils import epath
 
 from meshbayes import metrics
+from meshbayes.evaluation import manifest
 from meshbayes.metrics import (bootstrap, equivalence, rejection, sequence_calibration,
                                sequence_labels, token_labels)
 from meshbayes.metrics import measures as registry
 from meshbayes.metrics.bleu import bleu_from_statistics, bleu_statistics
+from meshbayes.runtime import strict_json
 
 # The length-normalized negative log-probability of an output as decoded (the error
 # detection measure every predictive has).
@@ -370,24 +374,34 @@ def measure_chosen_on_half(scores: OodScores, ood_set: str,
 # --------------------------------------------------------------------------- files
 
 
-def _predictions_path(directory: epath.Path, predictive: str) -> epath.Path:
-  return directory / f"predictions_{predictive}.jsonl"
+def _predictions_name(predictive: str) -> str:
+  return f"predictions_{predictive}.jsonl"
 
 
-def write_items(items: SourceItems, directory: str | epath.PathLike, predictive: str) -> None:
-  """Writes ``predictions_<predictive>.jsonl`` (when decoded) and
-  ``token_statistics_<predictive>.npz`` under ``directory``."""
+def _statistics_name(predictive: str) -> str:
+  return f"token_statistics_{predictive}.npz"
+
+
+OOD_SCORES = "ood_scores.npz"
+
+
+def write_items(items: SourceItems, directory: str | epath.PathLike, predictive: str
+                ) -> list[str]:
+  """Writes ``token_statistics_<predictive>.npz`` and (when decoded)
+  ``predictions_<predictive>.jsonl`` under ``directory`` (strict JSON: an undefined
+  measure is null); returns the names written."""
   directory = epath.Path(directory)
-  with (directory / f"token_statistics_{predictive}.npz").open("wb") as out:
+  written = [_statistics_name(predictive)]
+  with (directory / written[0]).open("wb") as out:
     np.savez(out, sources=np.asarray(items.sources, object).astype(str),
              **{f"statistic/{k}": np.asarray(v) for k, v in items.token_statistics.items()},
              **{f"decoded_token/{k}": np.asarray(v)
                 for k, v in items.decoded_token_statistics.items()})
   if not items.decoded:
-    return
+    return written
   lines = []
   for k, source in enumerate(items.sources):
-    lines.append(json.dumps({
+    lines.append(strict_json.dumps({
         "input": source, "references": list(items.references[k]),
         "prediction": items.predictions[k], "log_prob": float(items.log_probs[k]),
         "num_tokens": int(items.num_tokens[k]), "sentence_bleu": float(items.sentence_bleu[k]),
@@ -396,26 +410,38 @@ def write_items(items: SourceItems, directory: str | epath.PathLike, predictive:
             "samples": list(items.samples[k]),
             "sample_log_probs": [float(v) for v in items.sample_log_probs[k]]}),
         **{name: float(values[k]) for name, values in items.measures.items()}}))
-  _predictions_path(directory, predictive).write_text("\n".join(lines) + "\n")
+  written.append(_predictions_name(predictive))
+  (directory / written[1]).write_text("\n".join(lines) + "\n")
+  return written
 
 
 _RECORD_FIELDS = ("input", "references", "prediction", "log_prob", "num_tokens",
                   "sentence_bleu", "exact_match", "samples", "sample_log_probs")
 
 
-def read_items(directory: str | epath.PathLike, predictive: str) -> SourceItems:
-  """The items ``write_items`` wrote."""
-  directory = epath.Path(directory)
-  with (directory / f"token_statistics_{predictive}.npz").open("rb") as file:
-    stored = np.load(file)
-    sources = [str(s) for s in stored["sources"]]
-    statistics = {k.split("/", 1)[1]: stored[k] for k in stored.files if k.startswith("statistic/")}
-    decoded_tokens = {k.split("/", 1)[1]: stored[k] for k in stored.files
-                      if k.startswith("decoded_token/")}
-  path = _predictions_path(directory, predictive)
-  if not path.exists():
+def read_items(directory: str | epath.PathLike, predictive: str, *, step: int | None = None,
+               method: str | None = None) -> SourceItems:
+  """The items ``write_items`` wrote, checked against the evaluation's manifest
+  (``manifest.read_checked``: a file of another evaluation, or of another ``step`` or
+  ``method`` than given, is refused in one line). A null (undefined) number reads as NaN."""
+  statistics_file = manifest.read_checked(directory, _statistics_name(predictive),
+                                          f"the token statistics of {predictive}", step=step,
+                                          method=method)
+  if statistics_file is None:
+    raise FileNotFoundError(f"{epath.Path(directory) / _statistics_name(predictive)}: no "
+                            f"items of {predictive} there")
+  stored = np.load(io.BytesIO(statistics_file))
+  sources = [str(s) for s in stored["sources"]]
+  statistics = {k.split("/", 1)[1]: stored[k] for k in stored.files if k.startswith("statistic/")}
+  decoded_tokens = {k.split("/", 1)[1]: stored[k] for k in stored.files
+                    if k.startswith("decoded_token/")}
+  predictions = manifest.read_checked(directory, _predictions_name(predictive),
+                                      f"the predictions of {predictive}", step=step,
+                                      method=method)
+  if predictions is None:
     return SourceItems(sources, statistics)
-  records = [json.loads(line) for line in path.read_text().splitlines() if line]
+  # json.loads: files written before strict JSON may hold NaN.
+  records = [json.loads(line) for line in predictions.decode().splitlines() if line]
   measures = {name: np.array([r[name] for r in records], np.float64)
               for name in records[0] if name not in _RECORD_FIELDS} if records else {}
   sampled = ([r["samples"] for r in records],
@@ -428,28 +454,31 @@ def read_items(directory: str | epath.PathLike, predictive: str) -> SourceItems:
                      decoded_tokens, *sampled)
 
 
-def write_ood_scores(scores: OodScores, directory: str | epath.PathLike) -> None:
-  """Writes ``ood_scores.npz`` under ``directory``."""
+def write_ood_scores(scores: OodScores, directory: str | epath.PathLike) -> str:
+  """Writes ``ood_scores.npz`` under ``directory``; returns its name."""
   arrays = {f"in_domain/{m}": np.asarray(v) for m, v in scores.in_domain.items()}
   arrays.update({f"ood/{s}/{m}": np.asarray(v) for s, measures in scores.out_of_domain.items()
                  for m, v in measures.items()})
-  with (epath.Path(directory) / "ood_scores.npz").open("wb") as out:
+  with (epath.Path(directory) / OOD_SCORES).open("wb") as out:
     np.savez(out, **arrays)
+  return OOD_SCORES
 
 
-def read_ood_scores(directory: str | epath.PathLike) -> OodScores | None:
-  """The scores ``write_ood_scores`` wrote, or None when there are none."""
-  path = epath.Path(directory) / "ood_scores.npz"
-  if not path.exists():
+def read_ood_scores(directory: str | epath.PathLike, *, step: int | None = None,
+                    method: str | None = None) -> OodScores | None:
+  """The scores ``write_ood_scores`` wrote, or None when there are none; checked as
+  ``read_items``' files are."""
+  data = manifest.read_checked(directory, OOD_SCORES, "the OOD scores", step=step,
+                               method=method)
+  if data is None:
     return None
-  with path.open("rb") as file:
-    stored = np.load(file)
-    in_domain = {k.split("/", 1)[1]: stored[k] for k in stored.files if k.startswith("in_domain/")}
-    out_of_domain: dict[str, dict[str, np.ndarray]] = {}
-    for key in stored.files:
-      if key.startswith("ood/"):
-        _, ood_set, measure = key.split("/", 2)
-        out_of_domain.setdefault(ood_set, {})[measure] = stored[key]
+  stored = np.load(io.BytesIO(data))
+  in_domain = {k.split("/", 1)[1]: stored[k] for k in stored.files if k.startswith("in_domain/")}
+  out_of_domain: dict[str, dict[str, np.ndarray]] = {}
+  for key in stored.files:
+    if key.startswith("ood/"):
+      _, ood_set, measure = key.split("/", 2)
+      out_of_domain.setdefault(ood_set, {})[measure] = stored[key]
   return OodScores(in_domain, out_of_domain)
 
 

@@ -12,18 +12,30 @@ the registry; adding a method is one ``register``.
 Traceback (most recent call last):
 ...
 ValueError: predictive method 'dropout' is not one of deterministic, ...; did you mean mc_dropout?
+
+A method applies only to its recipe's runs: ``resolve`` tells, before a parameter is
+restored, which run ``evaluate`` was given (``run_record``: its posterior always, the
+Bayesian layers' recipe from the run's ``config.gin``) and refuses a method that does not fit.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
+import os
+import tokenize
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from etils import epath
+from gin import config_parser
 
 from meshbayes.evaluation import laplace
 from meshbayes.layers import Ensemble, MCDropout, holds_posterior
 from meshbayes.models.base import BaseModel
+from meshbayes.runtime.gin_preflight import TRAINED_CONFIG
+from meshbayes.training.optimizers import IVON_META
 
 # The training recipes runs come from (gin_configs/uncertainty/<recipe>.gin): the three
 # methods' and the Bayesian layers' controls (MAP; the KL weights 1 and 0.3).
@@ -200,3 +212,212 @@ register(PredictiveMethod(
     "laplace", "a last-layer Laplace approximation around the deterministic run",
     "deterministic", laplace.fit, eval_bindings=("evaluation.PredictiveConfig.method='laplace'",),
     columns=(("model_average", "last-layer Laplace"),)))
+
+
+# Which methods fit a run, told before its parameters load.
+
+AS_TRAINED = "as_trained"  # the run's own posterior, when no registered name is told
+POINT, IVON, BAYESIAN_LAYERS = "point weights", "IVON", "Bayesian layers"
+# Each posterior's recipes: the deterministic and IVON recipes are their posterior's only.
+_POSTERIOR_RECIPES = {POINT: ("deterministic",), IVON: ("ivon",),
+                      BAYESIAN_LAYERS: ("bayesian", "map", "bayesian_kl1", "bayesian_kl0.3")}
+# The Bayesian layers' recipes by (weight noise, KL weight), as gin_configs/uncertainty binds
+# them: EncoderDecoderModel.weight_noise, KLWeight.value.
+_LAYER_RECIPES = {(True, 0.1): "bayesian", (False, 0.1): "map", (True, 1.0): "bayesian_kl1",
+                  (True, 0.3): "bayesian_kl0.3"}
+
+
+def _layers(weight_noise: bool | None, kl_weight: float | None) -> str:
+  """The Bayesian layers' settings that are known, e.g. 'KL weight 0.1, with weight noise'."""
+  known = [f"KL weight {kl_weight:g}"] if kl_weight is not None else []
+  if weight_noise is not None:
+    known.append(f"{'with' if weight_noise else 'without'} weight noise")
+  return ", ".join(known)
+
+
+_RECIPE_RUNS = {"deterministic": "point-weight runs", "ivon": "IVON runs",
+                **{recipe: f"Bayesian-layers runs ({_layers(*key)})"
+                   for key, recipe in _LAYER_RECIPES.items()}}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRecord:
+  """The posterior a run holds and, for Bayesian layers, the settings that tell their
+  recipes apart, as its record tells them (``run_record``).
+
+  Attributes:
+    posterior: ``POINT``, ``IVON`` or ``BAYESIAN_LAYERS``.
+    weight_noise: Bayesian layers: trained under weight noise (None: not recorded).
+    kl_weight: Bayesian layers: the (final) KL weight (None: not recorded).
+
+  >>> RunRecord(BAYESIAN_LAYERS, weight_noise=True).methods(), RunRecord(IVON).methods()
+  (('bayesian', 'bayesian_kl1', 'bayesian_kl0.3'), ('ivon',))
+  >>> RunRecord(BAYESIAN_LAYERS, True, 1.0).recipe, RunRecord(BAYESIAN_LAYERS).recipe
+  ('bayesian_kl1', None)
+  """
+
+  posterior: str
+  weight_noise: bool | None = None
+  kl_weight: float | None = None
+
+  def recipes(self) -> tuple[str, ...]:
+    """The recipes whose runs this one may be: of its posterior, and for Bayesian layers
+    those whose settings agree with each one recorded."""
+    if self.posterior != BAYESIAN_LAYERS:
+      return _POSTERIOR_RECIPES[self.posterior]
+    return tuple(recipe for (noise, weight), recipe in _LAYER_RECIPES.items()
+                 if self.weight_noise in (None, noise)
+                 and (self.kl_weight is None or math.isclose(weight, self.kl_weight)))
+
+  @property
+  def recipe(self) -> str | None:
+    """The one recipe the record tells (None: several agree with it, or none)."""
+    recipes = self.recipes()
+    return recipes[0] if len(recipes) == 1 else None
+
+  def methods(self) -> tuple[str, ...]:
+    """The registered methods that predict with runs like this one, in registration order."""
+    return tuple(m.name for m in _METHODS.values() if m.trained_by in self.recipes())
+
+  def describe(self) -> str:
+    if self.posterior == POINT:
+      return "a point-weight run"
+    if self.posterior == IVON:
+      return "an IVON run"
+    known = _layers(self.weight_noise, self.kl_weight)
+    return f"a Bayesian-layers run ({known})" if known else "a Bayesian-layers run"
+
+
+def run_record(model: BaseModel, meta: dict[str, Any], model_dir: str | os.PathLike
+               ) -> RunRecord:
+  """What ``model_dir``'s run holds, from the model as configured, its checkpoint's JSON
+  metadata ``meta`` and its ``config.gin``; nothing is restored.
+
+  The posterior, always told: IVON's when ``meta`` records IVON (``IVON_META``), the
+  Bayesian layers' when ``model.is_bayesian``, point weights otherwise. That tells the
+  recipe too, except for the Bayesian layers': the deterministic and IVON recipes are
+  their posterior's only ones. The Bayesian layers' four differ in two training settings
+  the metadata does not hold, ``EncoderDecoderModel.weight_noise`` (MAP: False) and
+  ``KLWeight.value`` (0.1; the controls 1 and 0.3). They are read from the run's own
+  record, its ``config.gin`` (the gin bindings the trainer writes into the run's
+  directory), not from the model as evaluated (a command line may override it):
+
+  - weight noise: as bound, and when unbound, on. Training under the layers' weight
+    samples is what they are; off is the MAP control's opt-out, which a run binds.
+  - the KL weight: only as bound. An unbound one took the code's default of its day,
+    which nothing records, and no recipe leaves it unbound: such a run (one of
+    gin_configs/examples, say) may be any recipe's with weight noise.
+
+  A bound setting is reliable unless the run was resumed with another (the file is the
+  last start's). So a method is refused by the run's posterior always, and by its recipe
+  as far as these settings tell it: a run at settings no recipe has (KL weight 0.01) fits
+  no Bayesian-layers method; one without a readable ``config.gin`` (a checkpoint copied
+  alone) fits every one.
+  """
+  if meta.get(IVON_META):
+    return RunRecord(IVON)
+  if not model.is_bayesian:
+    return RunRecord(POINT)
+  bindings = _trained_bindings(model_dir)
+  if bindings is None:
+    return RunRecord(BAYESIAN_LAYERS)
+  noise = bindings.get(("EncoderDecoderModel", "weight_noise"), True)
+  weight = bindings.get(("KLWeight", "value"))
+  return RunRecord(BAYESIAN_LAYERS, noise if isinstance(noise, bool) else None,
+                   float(weight) if isinstance(weight, (int, float))
+                   and not isinstance(weight, bool) else None)
+
+
+def resolve(name: str | None, model: BaseModel, meta: dict[str, Any],
+            model_dir: str | os.PathLike) -> str:
+  """The method an evaluation of ``model_dir`` predicts with, checked against the run
+  before anything loads (``run_record``: the model as configured, the checkpoint's
+  metadata ``meta``, the run's ``config.gin``).
+
+  ``None`` is the run's own posterior, named by its recipe's method (``deterministic``,
+  ``ivon``, ``bayesian``, ``map``, ``bayesian_kl1``, ``bayesian_kl0.3``) when its record
+  tells one recipe, else ``AS_TRAINED``. A named method must predict with one of the
+  recipes the run may be of; MC dropout also needs a model with dropout.
+
+  Raises:
+    ValueError: one line naming the method, what the run is and the methods that apply.
+  """
+  run = run_record(model, meta, model_dir)
+  usable = run.methods()
+  if name is None:
+    return run.recipe if run.recipe in usable else AS_TRAINED
+  method = get(name)
+  if name not in usable:
+    runs = _RECIPE_RUNS[method.trained_by]
+    raise ValueError(f"evaluate: method={name!r} predicts with {runs}; {model_dir} is "
+                     f"{run.describe()}: {_instead(usable)}")
+  dropout_rate = getattr(getattr(model, "config", None), "dropout_rate", 0)
+  if name == "mc_dropout" and not dropout_rate > 0:
+    raise ValueError(f"evaluate: method='mc_dropout' needs a model with dropout_rate > 0; "
+                     f"{model_dir}'s has dropout_rate={dropout_rate}: "
+                     f"{_instead([m for m in usable if m != name])}")
+  return name
+
+
+def resolve_run(name: str | None, model: BaseModel, model_dir: str | os.PathLike,
+                step: int | None = None, member_dirs: Sequence[str] = ()) -> str:
+  """``resolve`` for the checkpoint ``step`` (default: the latest) of ``model_dir`` and
+  for each of ``member_dirs``' latest (an ensemble's other runs): reads only their JSON
+  metadata and ``config.gin``, so a method that does not fit is told before any
+  parameter is restored."""
+  from meshbayes.training import checkpoints  # orbax: only where runs are read
+
+  def meta(directory: str | os.PathLike, at: int | None = None) -> dict[str, Any]:
+    return checkpoints.read_meta(checkpoints.find_step_dir(directory, at))
+
+  method = resolve(name, model, meta(model_dir, step), model_dir)
+  for directory in member_dirs:
+    resolve(method, model, meta(directory), directory)
+  return method
+
+
+def _instead(usable: Sequence[str]) -> str:
+  if not usable:
+    return "leave method unset"
+  return f"use {'one of ' if len(usable) > 1 else ''}{', '.join(usable)} or leave method unset"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Reference:
+  """A ``@configurable`` or ``%MACRO`` in gin text read without its configurables."""
+  name: str
+  macro: bool
+
+
+class _Literals(config_parser.ParserDelegate):
+  """Lets gin's parser read a file without importing or binding anything."""
+
+  def configurable_reference(self, scoped_configurable_name: str, evaluate: bool) -> _Reference:
+    return _Reference(scoped_configurable_name, macro=False)
+
+  def macro(self, macro_name: str) -> _Reference:
+    return _Reference(macro_name, macro=True)
+
+
+def _trained_bindings(model_dir: str | os.PathLike) -> dict[tuple[str, str], Any] | None:
+  """The unscoped bindings of the run's ``config.gin`` by (configurable, parameter), the
+  last of each, a macro replaced by its value; None without a readable file. The file is
+  in the run's directory, above ``model_dir`` when that is a checkpoint or its folder."""
+  from meshbayes.training import checkpoints
+
+  path = epath.Path(model_dir)
+  if (path / checkpoints.STATE).is_dir():
+    path = path.parent
+  if path.name == "checkpoints":
+    path = path.parent
+  try:
+    statements = list(config_parser.ConfigParser((path / TRAINED_CONFIG).read_text(),
+                                                 _Literals()))
+  except (OSError, SyntaxError, ValueError, tokenize.TokenError):  # unreadable: no record
+    return None
+  bindings = [s for s in statements
+              if isinstance(s, config_parser.BindingStatement) and not s.scope]
+  macros = {s.selector: s.value for s in bindings if not s.arg_name}
+  value = lambda v: macros.get(v.name, v) if isinstance(v, _Reference) and v.macro else v
+  return {(s.selector.rsplit(".", 1)[-1], s.arg_name): value(s.value)
+          for s in bindings if s.arg_name}

@@ -4,28 +4,50 @@
 (run, step, predictive, decoding settings, sources), then one line per completed batch.
 An evaluation started again with the same fingerprint takes those batches
 (``decode_and_score``'s ``done``) and gives the uninterrupted result; another fingerprint
-starts afresh. ``OUT/partial/`` is removed once the results are written.
+starts afresh. ``OUT/partial/`` is removed once the results are written. The lines are
+strict JSON; a non-finite number is saved as its name (``"nan"``, ``"-inf"``) and read back
+as the number, so a resumed result equals the uninterrupted one.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from etils import epath
 
 from meshbayes.evaluation.predictives import Decoded
+from meshbayes.runtime import strict_json
 
 PARTIAL_DIR = "partial"
 
 
+def _saved(tree: Any) -> Any:
+  """``tree`` with each non-finite float as its name (strict JSON keeps no NaN)."""
+  if isinstance(tree, dict):
+    return {k: _saved(v) for k, v in tree.items()}
+  if isinstance(tree, (list, tuple)):
+    return [_saved(v) for v in tree]
+  if isinstance(tree, float) and not math.isfinite(tree):
+    return str(tree)
+  return tree
+
+
+def _number(value: float | str) -> float:
+  return float(value) if isinstance(value, str) else value
+
+
 def _as_record(row: Mapping[str, Any]) -> Decoded:
   return Decoded(
-      tuple(row["output_ids"]), row["log_prob"], row["num_tokens"], row["entropy"],
-      row["mutual_information"], dict(row["measures"]), tuple(row["token_log_probs"]),
-      tuple(tuple(sample) for sample in row["samples"]), tuple(row["sample_log_probs"]))
+      tuple(row["output_ids"]), _number(row["log_prob"]), row["num_tokens"],
+      _number(row["entropy"]), _number(row["mutual_information"]),
+      {k: _number(v) for k, v in row["measures"].items()},
+      tuple(map(_number, row["token_log_probs"])),
+      tuple(tuple(sample) for sample in row["samples"]),
+      tuple(map(_number, row["sample_log_probs"])))
 
 
 class DecodeLog:
@@ -38,7 +60,7 @@ class DecodeLog:
 
   def __init__(self, out_dir: epath.PathLike, name: str, fingerprint: Mapping[str, Any]):
     self.path = epath.Path(out_dir) / PARTIAL_DIR / f"decoded_{name}.jsonl"
-    self._header = json.dumps(dict(fingerprint), sort_keys=True, default=str)
+    self._header = strict_json.dumps(dict(fingerprint), sort_keys=True, default=str)
     self.done: list[list[Decoded]] = []
     if self.path.exists():
       lines = self.path.read_text().splitlines()
@@ -58,7 +80,8 @@ class DecodeLog:
 
   @staticmethod
   def _line(index: int, records: list[Decoded]) -> str:
-    return json.dumps({"batch": index, "records": [dataclasses.asdict(r) for r in records]})
+    return strict_json.dumps(_saved({"batch": index,
+                                     "records": [dataclasses.asdict(r) for r in records]}))
 
   def save(self, index: int, records: list[Decoded]) -> None:
     """Appends batch ``index``'s records (``decode_and_score``'s ``on_batch``)."""

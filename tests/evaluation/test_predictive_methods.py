@@ -1,14 +1,20 @@
 """The registry of predictive methods: what the experiment trains and evaluates follows it."""
 
+import contextlib
 import dataclasses
+import re
+import shutil
 from pathlib import Path
 
 import jax.numpy as jnp
+import orbax.checkpoint as ocp
 import pytest
 
 from meshbayes.evaluation import methods as predictive_methods
 from meshbayes.layers import Ensemble, MCDropout, WeightPosterior
 from meshbayes.tools import experiment_plan
+from meshbayes.training import checkpoints
+from tests.training.runs import command, train_args, train_or_fail
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,22 +99,11 @@ def test_the_experiments_runs_and_bindings_follow_the_registry(tmp_path: Path):
 def test_the_controls_are_the_bayesian_recipe_with_one_change_each():
   """MAP: the Bayesian layers' recipe without weight noise, evaluated at its mean; KL 1 and
   0.3: the recipe at another KL weight; each run by its own recipe, each temperature-scaled."""
-  import gin
-
-  from meshbayes import configurables  # noqa: F401  (registers the configurables)
-  from meshbayes.gin_configs import DIRECTORY as GIN_CONFIGS
-
-  def bound(recipe):
-    gin.clear_config()
-    gin.add_config_file_search_path(str(GIN_CONFIGS))
-    gin.parse_config_files_and_bindings([str(GIN_CONFIGS / experiment_plan.RECIPES[recipe])],
-                                        ["MODEL_DIR = 'x'", "TRAIN_STEPS = 1"], skip_unknown=True)
-    config = gin.config_str()
-    gin.clear_config()
-    return set(config.splitlines())
-
+  bound = lambda recipe: set(_trained_config(experiment_plan.RECIPES[recipe]).splitlines())
   bayesian = bound("bayesian")
   assert bound("map") - bayesian == {"EncoderDecoderModel.weight_noise = False"}
+  assert "KLWeight.value = 0.1" in bayesian  # resolve tells the recipes by these two
+  assert not any("weight_noise" in line for line in bayesian)  # unbound: on
   for weight in ("1", "0.3"):
     assert bound(f"bayesian_kl{weight}") - bayesian == {f"KLWeight.value = {float(weight)}"}
   assert "map" not in experiment_plan.Budget(train_steps=4, eval_period=2).methods
@@ -119,3 +114,206 @@ def test_the_controls_are_the_bayesian_recipe_with_one_change_each():
   for name in ("bayesian", *experiment_plan.CONTROLS):
     assert ("evaluation.PredictiveConfig.temperature_scaling=True"
             in predictive_methods.get(name).eval_bindings)
+
+
+def _trained_config(gin_file):
+  """The config.gin a run of ``gin_file`` (under gin_configs/) records (gin.config_str)."""
+  import gin
+
+  from meshbayes import configurables  # noqa: F401  (registers the configurables)
+  from meshbayes.gin_configs import DIRECTORY as GIN_CONFIGS
+
+  gin.clear_config()
+  gin.add_config_file_search_path(str(GIN_CONFIGS))
+  gin.parse_config_files_and_bindings([str(GIN_CONFIGS / gin_file)],
+                                      ["MODEL_DIR = 'x'", "TRAIN_STEPS = 1"], skip_unknown=True)
+  config = gin.config_str()
+  gin.clear_config()
+  return config
+
+
+# Which methods fit which run, told before anything is restored (issue 65).
+
+IVON_META = {"ivon": {"ess": 1000.0, "weight_decay": 0.0}}
+# Each run: (its model is Bayesian, its checkpoint's metadata, its config.gin or None).
+RUNS = {
+    "point": (False, {}, ""),
+    "ivon": (False, IVON_META, ""),
+    "no_gin": (True, {}, None),  # no config.gin: the recipe is not recorded
+    "example": (True, {}, "train.seed = 1\n"),  # the KL weight unbound, weight noise on
+    "kl0.1": (True, {}, "KLWeight.value = 0.1\n"),
+    "kl1": (True, {}, "KLWeight.value = 1.0\n"),
+    "kl0.3": (True, {}, "KL = 0.3\nmodels.KLWeight.value = %KL\n"),
+    "map": (True, {}, "KLWeight.value = 0.1\nEncoderDecoderModel.weight_noise = False\n"),
+    "kl0.01": (True, {}, "KLWeight.value = 0.01\n"),
+}
+# Each registered method against each run: ok, it applies; -, it is refused.
+TABLE = """\
+method         point ivon no_gin example kl0.1 kl1 kl0.3 map kl0.01
+deterministic  ok    -    -      -       -     -   -     -   -
+mc_dropout     ok    -    -      -       -     -   -     -   -
+ensemble       ok    -    -      -       -     -   -     -   -
+bayesian       -     -    ok     ok      ok    -   -     -   -
+ivon           -     ok   -      -       -     -   -     -   -
+map            -     -    ok     -       -     -   -     ok  -
+bayesian_kl1   -     -    ok     ok      -     ok  -     -   -
+bayesian_kl0.3 -     -    ok     ok      -     -   ok    -   -
+laplace        ok    -    -      -       -     -   -     -   -
+"""
+# The method of each run when none is given: the run's own, by its recipe's name if told.
+UNSET = {"point": "deterministic", "ivon": "ivon", "no_gin": "as_trained",
+         "example": "as_trained", "kl0.1": "bayesian", "kl1": "bayesian_kl1",
+         "kl0.3": "bayesian_kl0.3", "map": "map", "kl0.01": "as_trained"}
+
+
+def _run(tmp_path, kind, dropout_rate=0.1):
+  """(model, meta, model_dir) of a run of ``RUNS[kind]``."""
+  bayesian, meta, config = RUNS[kind]
+  model_dir = tmp_path / kind
+  model_dir.mkdir(exist_ok=True)
+  if config is not None:
+    (model_dir / "config.gin").write_text(config)
+  return _Model(_Config(dropout_rate), is_bayesian=bayesian), meta, model_dir
+
+
+def _outcome(name, run):
+  try:
+    return "ok" if predictive_methods.resolve(name, *run) == name else "?"
+  except ValueError:
+    return "-"
+
+
+def test_every_method_against_every_run(tmp_path):
+  rows = [["method", *RUNS]] + [
+      [name, *(_outcome(name, _run(tmp_path, kind)) for kind in RUNS)]
+      for name in predictive_methods.names()]
+  widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+  assert "".join(" ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() + "\n"
+                 for row in rows) == TABLE
+  assert {kind: predictive_methods.resolve(None, *_run(tmp_path, kind)) for kind in RUNS} == UNSET
+
+
+def test_the_recipes_runs_are_told_by_what_their_config_gin_records(tmp_path):
+  """A run of each Bayesian-layers recipe (its config.gin as the trainer writes it) is
+  evaluated by its own method when none is given; one of the examples, by any with
+  weight noise."""
+  model = _Model(is_bayesian=True)
+  for recipe in ("bayesian", "map", "bayesian_kl1", "bayesian_kl0.3", "example"):
+    (tmp_path / recipe).mkdir()
+    (tmp_path / recipe / "config.gin").write_text(_trained_config(
+        "examples/tiny_synthetic_bayesian.gin" if recipe == "example"
+        else experiment_plan.RECIPES[recipe]))
+    expected = "as_trained" if recipe == "example" else recipe
+    assert predictive_methods.resolve(None, model, {}, tmp_path / recipe) == expected, recipe
+  assert predictive_methods.run_record(model, {}, tmp_path / "example").methods() == (
+      "bayesian", "bayesian_kl1", "bayesian_kl0.3")
+
+
+def test_a_method_that_does_not_fit_is_one_line_naming_what_does(tmp_path):
+  model, meta, example = _run(tmp_path, "example")  # as tiny_synthetic_bayesian.gin records
+  with pytest.raises(ValueError) as ivon:
+    predictive_methods.resolve("ivon", model, meta, example)
+  assert str(ivon.value) == (
+      f"evaluate: method='ivon' predicts with IVON runs; {example} is a Bayesian-layers run "
+      "(with weight noise): use one of bayesian, bayesian_kl1, bayesian_kl0.3 or leave method "
+      "unset")
+  with pytest.raises(ValueError) as deterministic:
+    predictive_methods.resolve("deterministic", *_run(tmp_path, "kl0.1"))
+  assert str(deterministic.value) == (
+      f"evaluate: method='deterministic' predicts with point-weight runs; {tmp_path / 'kl0.1'} "
+      "is a Bayesian-layers run (KL weight 0.1, with weight noise): use bayesian or leave "
+      "method unset")
+  with pytest.raises(ValueError) as unrecorded:
+    predictive_methods.resolve("ivon", *_run(tmp_path, "no_gin"))
+  assert str(unrecorded.value) == (
+      f"evaluate: method='ivon' predicts with IVON runs; {tmp_path / 'no_gin'} is a "
+      "Bayesian-layers run: use one of bayesian, map, bayesian_kl1, bayesian_kl0.3 or leave "
+      "method unset")
+  with pytest.raises(ValueError) as sampled_map:
+    predictive_methods.resolve("bayesian", *_run(tmp_path, "map"))
+  assert str(sampled_map.value) == (
+      "evaluate: method='bayesian' predicts with Bayesian-layers runs (KL weight 0.1, with "
+      f"weight noise); {tmp_path / 'map'} is a Bayesian-layers run (KL weight 0.1, without "
+      "weight noise): use map or leave method unset")
+  with pytest.raises(ValueError) as laplace:
+    predictive_methods.resolve("laplace", *_run(tmp_path, "ivon"))
+  assert str(laplace.value) == (
+      f"evaluate: method='laplace' predicts with point-weight runs; {tmp_path / 'ivon'} is an "
+      "IVON run: use ivon or leave method unset")
+  with pytest.raises(ValueError) as no_dropout:
+    predictive_methods.resolve("mc_dropout", *_run(tmp_path, "point", dropout_rate=0.0))
+  assert str(no_dropout.value) == (
+      f"evaluate: method='mc_dropout' needs a model with dropout_rate > 0; {tmp_path / 'point'}"
+      "'s has dropout_rate=0.0: use one of deterministic, ensemble, laplace or leave method "
+      "unset")
+  with pytest.raises(ValueError, match=r"^evaluate: method='bayesian_kl1' predicts with .*; "
+                                       r".* \(KL weight 0.01, with weight noise\): leave "
+                                       r"method unset$"):
+    predictive_methods.resolve("bayesian_kl1", *_run(tmp_path, "kl0.01"))
+  with pytest.raises(ValueError, match="^predictive method 'ivn' is not one of"):
+    predictive_methods.resolve("ivn", model, meta, example)
+
+
+def _checkpoint_without_arrays(run_dir, meta, step=8):
+  """``run_dir/checkpoints/step`` with its JSON metadata and an empty ``state/``: restoring
+  it would fail."""
+  step_dir = run_dir / "checkpoints" / str(step)
+  (step_dir / checkpoints.META).mkdir(parents=True)
+  (step_dir / checkpoints.STATE).mkdir()
+  with contextlib.closing(ocp.JsonCheckpointHandler()) as handler:  # as the trainer writes it
+    handler.save(step_dir / checkpoints.META, args=ocp.args.JsonSave(meta))
+  return step_dir
+
+
+def test_the_method_is_checked_before_any_parameter_is_restored(tmp_path):
+  """The checks read the checkpoint's metadata and config.gin only: a run whose arrays are
+  missing is refused for its method, not for its arrays; an ensemble's members too."""
+  model = _Model(is_bayesian=False)
+  run_dir = tmp_path / "ivon_run"
+  step_dir = _checkpoint_without_arrays(run_dir, IVON_META)
+  assert "state/d/*" in checkpoints.missing_parts(step_dir)
+  for where in (run_dir, run_dir / "checkpoints", step_dir):
+    with pytest.raises(ValueError, match=f"^evaluate: method='mc_dropout' predicts with "
+                                         f"point-weight runs; {re.escape(str(where))} is an "
+                                         "IVON run: use ivon or leave method unset$"):
+      predictive_methods.resolve_run("mc_dropout", model, where)
+  assert predictive_methods.resolve_run(None, model, run_dir, step=8) == "ivon"
+  with pytest.raises(checkpoints.CheckpointError, match="no checkpoint of step 4"):
+    predictive_methods.resolve_run(None, model, run_dir, step=4)
+
+  bayesian = _Model(is_bayesian=True)
+  (tmp_path / "bayesian_run").mkdir()
+  (tmp_path / "bayesian_run" / "config.gin").write_text("EncoderDecoderModel.weight_noise = "
+                                                         "False\nKLWeight.value = 0.1\n")
+  map_step = _checkpoint_without_arrays(tmp_path / "bayesian_run", {}, step=2)
+  assert predictive_methods.resolve_run(None, bayesian, map_step) == "map"  # config.gin above
+  point = _checkpoint_without_arrays(tmp_path / "point_run", {})
+  assert predictive_methods.resolve_run("ensemble", model, tmp_path / "point_run",
+                                        member_dirs=[str(point)]) == "ensemble"
+  with pytest.raises(ValueError, match=f"^evaluate: method='ensemble' predicts with point-weight "
+                                       f"runs; {re.escape(str(run_dir))} is an IVON run"):
+    predictive_methods.resolve_run("ensemble", model, tmp_path / "point_run",
+                                   member_dirs=[str(point), str(run_dir)])
+
+
+@pytest.mark.integration
+def test_eval_refuses_a_method_that_does_not_fit_before_anything_loads(tmp_path, capsys):
+  """``python -m meshbayes.eval`` with method='ivon' on a tiny Bayesian run whose arrays are
+  gone: exit 1 and one line saying what the run is, not the restore's error."""
+  model_dir = tmp_path / "run"
+  train_or_fail(train_args(model_dir, 2))  # gin_configs/examples/tiny_synthetic_bayesian.gin
+  shutil.rmtree(model_dir / "checkpoints" / "2" / checkpoints.STATE)
+  code, _, err = command(
+      capsys, "evaluate", "--gin_file=runs/eval.gin", "--gin_file=tasks/synthetic.gin",
+      f"--gin.MODEL_DIR='{model_dir}'", "--gin.BATCH_SIZE=8",
+      "--gin.models.EncoderDecoderModel.num_train_units=450000",
+      "--gin.evaluation.DecodeConfig.enabled=False", "--gin.data.TaskData.max_eval_batches=1",
+      "--gin.evaluation.PredictiveConfig.method='ivon'", model_from_model_dir=True)
+  # Each line launch writes: PROG: error: MESSAGE (traceback in LOG).
+  errors = [re.sub(r" \(traceback in \S+\)$", "", line) for line in err.splitlines()
+            if "error:" in line]
+  assert (code, errors) == (1, [
+      f"meshbayes.eval: error: evaluate: method='ivon' predicts with IVON runs; {model_dir} is "
+      "a Bayesian-layers run (with weight noise): use one of bayesian, bayesian_kl1, "
+      "bayesian_kl0.3 or leave method unset"]), err[-2000:]
+  assert not list(model_dir.rglob("metrics.json"))
