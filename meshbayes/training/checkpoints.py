@@ -28,6 +28,7 @@ from jax.experimental import multihost_utils
 
 from meshbayes.partitioning.specs import path_names
 from meshbayes.runtime.console import say
+from meshbayes.runtime.gin_preflight import TRAIN_FIRST
 from meshbayes.training import checkpoint_integrity
 
 STATE, META, INPUT = "state", "meta", "input"
@@ -38,6 +39,8 @@ _ORBAX_COMMIT_MARKER = "commit_success.txt"  # orbax's, in every item directory
 _REQUIRED_FILES = ("_CHECKPOINT_METADATA", f"{STATE}/_METADATA", f"{STATE}/manifest.ocdbt",
                    f"{META}/metadata")
 CORRUPT_SUFFIX = ".corrupt"
+# The training option that restores the newest intact checkpoint (run_configs.CheckpointConfig).
+FALLBACK_BINDING = "run_configs.CheckpointConfig.fallback_on_corrupt"
 
 
 class CheckpointError(ValueError):
@@ -105,7 +108,7 @@ def find_step_dir(path: str | os.PathLike, step: int | None = None) -> epath.Pat
   steps = sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) if root.is_dir() else []
   if not steps:
     raise CheckpointError(f"no checkpoint in {path}: expected a model directory, its "
-                          "checkpoints/ directory or a checkpoint step directory")
+                          f"checkpoints/ directory or a checkpoint step directory; {TRAIN_FIRST}")
   if step is None:
     return root / str(steps[-1])
   if step not in steps:
@@ -443,9 +446,17 @@ class Checkpoints:
       CorruptCheckpointError: the checkpoint is corrupt or incomplete.
       CheckpointError: it is of another model.
     """
+    return self._restore(step, abstract_state, self.past_corrupt(step))
+
+  def past_corrupt(self, step: int) -> str:
+    """Training's way past a corrupt checkpoint of ``step``, as the end of its error line:
+    the option that sets it aside (``restore_latest``'s fallback), or a new start."""
     earlier = [s for s in self.steps() if s < step]
-    return self._restore(step, abstract_state,
-                         f"; delete it to resume from step {earlier[-1]}" if earlier else "")
+    if earlier:
+      return (f"; to resume from the checkpoint before it (step {earlier[-1]}), run again with "
+              f"--gin.{FALLBACK_BINDING}=True, which sets the corrupt one aside")
+    return ("; no checkpoint precedes it: move it aside (or use a new MODEL_DIR) to train "
+            "from the start")
 
   def _restore(self, step: int, abstract_state: Any, hint: str) -> tuple[Any, dict[str, Any]]:
     step_dir = self.step_dir(step)

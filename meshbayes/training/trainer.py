@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -30,6 +29,7 @@ from meshbayes.data.pipeline import TaskData, vocabulary_fingerprint
 from meshbayes.evaluation.teacher_forced import teacher_forced_metrics
 from meshbayes.field_checks import positive_int
 from meshbayes.layers import moped_params
+from meshbayes.runtime import strict_json
 from meshbayes.runtime.atomic_files import write_text_atomically
 from meshbayes.runtime.console import say as _say  # private: not part of the trainer's interface
 from meshbayes.runtime.metrics_writer import MetricsWriter, ProgressBar
@@ -267,7 +267,12 @@ def _restore_or_initialize(ckpts: checkpoints_lib.Checkpoints, partitioner: Part
     return _Start(initialize(), None, 0, None)
   _say(f"resuming from the checkpoint of step {latest} in {ckpts.directory}")
   if not fallback:  # fail before reading the arrays
-    check(checkpoints_lib.read_meta(ckpts.step_dir(latest)), ckpts.step_dir(latest))
+    try:
+      meta = checkpoints_lib.read_meta(ckpts.step_dir(latest))
+    except checkpoints_lib.CorruptCheckpointError as error:
+      raise checkpoints_lib.CorruptCheckpointError(
+          f"{error}{ckpts.past_corrupt(latest)}") from error
+    check(meta, ckpts.step_dir(latest))
   latest, state, saved_meta = ckpts.restore_latest(partitioner.placed(abstract), fallback)
   if fallback:  # the step restored may be an older one
     check(saved_meta, ckpts.step_dir(latest))
@@ -373,7 +378,8 @@ class _Outputs:
     saves_input: whether this host saves its input iterators' positions.
     writer: the training metrics.
     eval_writer: the validation passes' metrics.
-    compute: this attempt's cost log (process 0; None on the others).
+    compute: this attempt's cost log (process 0; None on the others), which counts a
+      checkpoint once its save has landed (``saves_landed``).
   """
   model_dir: epath.Path
   ckpts: checkpoints_lib.Checkpoints
@@ -388,7 +394,7 @@ class _Outputs:
            meta: dict[str, Any], saves_input: bool, cleanup: contextlib.ExitStack,
            first_step: int) -> _Outputs:
     """The writers opened (closed by ``cleanup``) and the compute log of this attempt,
-    which starts at ``first_step``."""
+    which starts at ``first_step``; at ``cleanup`` the save in progress lands and counts."""
     writer = MetricsWriter(model_dir / "train", model_dir / "metrics.jsonl")
     eval_writer = MetricsWriter(model_dir / "eval", model_dir / "eval" / "metrics.jsonl")
     cleanup.callback(writer.close)
@@ -396,7 +402,23 @@ class _Outputs:
     compute = None
     if jax.process_index() == 0:  # this attempt's cost beside the earlier ones'
       compute = compute_log.ComputeLog(model_dir, first_step)
-    return cls(model_dir, ckpts, meta, saves_input, writer, eval_writer, compute)
+    outputs = cls(model_dir, ckpts, meta, saves_input, writer, eval_writer, compute)
+    cleanup.push(outputs._landed_at_exit)
+    return outputs
+
+  def saves_landed(self, until_now: bool = False) -> None:
+    """Waits for the save in progress to land (``Checkpoints.wait``); the compute log then
+    counts it, with the times of now when ``until_now`` (the attempt ends with it)."""
+    self.ckpts.wait()
+    if self.compute is not None:
+      self.compute.save_landed(until_now)
+
+  def _landed_at_exit(self, error_type, error, traceback) -> None:
+    """At the attempt's end, on an error too, the save in progress counts once it has
+    landed; not after a failed save (``Checkpoints.wait`` raises a failure only once)."""
+    del error_type, traceback
+    if not isinstance(error, checkpoints_lib.CheckpointError):
+      self.saves_landed()
 
 
 def _validation(steps: StepFunctions, partitioner: Partitioner, shardings: Any,
@@ -480,32 +502,35 @@ def _train_loop(state: TrainState, start: _Start, compiled: _Compiled, schedule:
     if (saves or stop) and not state_is_finite(state):
       _stop_non_finite(step, values["loss"], False, ckpts, last_saved)
     if saves or stop:
+      outputs.saves_landed()  # the previous save first (``save`` would wait for it too)
       ckpts.save(step, state, dict(outputs.meta, data_position=data_position),
                  compiled.batches.states() if outputs.saves_input else None)
       if last_saved in (None, first):  # this start's first checkpoint
         if compiled.configuration and jax.process_index() == 0:
           write_text_atomically(model_dir / "config.gin", compiled.configuration)
       last_saved = step
-      if outputs.compute is not None:
-        outputs.compute.saved(step)
+      if outputs.compute is not None:  # counted once it has landed, not before
+        outputs.compute.save_started(step)
     window_start += time.perf_counter() - paused
     if stopped:
-      ckpts.wait()
+      outputs.saves_landed(until_now=True)
       if jax.process_index() == 0:
-        write_text_atomically(model_dir / early_stopping.STOP_FILE, json.dumps(
+        write_text_atomically(model_dir / early_stopping.STOP_FILE, strict_json.dumps(
             dict(dataclasses.asdict(stopped), patience=patience, min_delta=min_delta)))
       _say(f"stopped early at step {step}: {patience} validation passes without a better "
            f"NLL than step {stopped.best_step}'s {stopped.best_nll:.4f}; checkpoints in "
            f"{ckpts.directory}")
       return state
     if stop:
-      ckpts.wait()
+      outputs.saves_landed(until_now=True)
       _say(f"{signal.Signals(stop).name}: saved the checkpoint of step {step}; run again to "
            "resume")
       raise Preempted(STOP_EXIT_CODES[stop])
-  ckpts.wait()  # the final save has landed (or this raises) before the run says it is done
+  # The final save has landed (or this raises) before the run says it is done.
+  outputs.saves_landed(until_now=True)
   _say(f"trained to step {step}: checkpoints in {ckpts.directory}, metrics in "
-       f"{model_dir / 'metrics.jsonl'} (TensorBoard: tensorboard --logdir {model_dir})")
+       f"{model_dir / 'metrics.jsonl'} (TensorBoard: tensorboard --logdir {model_dir}, from "
+       "the [tensorboard] extra: pip install -e '.[tensorboard]')")
   return state
 
 

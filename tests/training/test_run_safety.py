@@ -207,7 +207,8 @@ def test_a_signal_at_the_end_of_a_run_is_a_clean_exit(tmp_path):
   assert code == 0, (code, out[-2000:], err[-2000:])
   assert "SIGTERM: received after the run's last checkpoint; the run is complete" in out
   assert (f"trained to step 4: checkpoints in {model_dir / 'checkpoints'}, metrics in "
-          f"{model_dir / 'metrics.jsonl'} (TensorBoard: tensorboard --logdir {model_dir})") in out
+          f"{model_dir / 'metrics.jsonl'} (TensorBoard: tensorboard --logdir {model_dir}, from "
+          "the [tensorboard] extra: pip install -e '.[tensorboard]')") in out
   assert "Traceback" not in err and saved_steps(model_dir) == [4]
   assert not (model_dir / LOCK_NAME).exists()
 

@@ -153,7 +153,15 @@ def test_corrupt_foreign_and_interrupted_checkpoints(trained, tmp_path, capsys):
   code, _, err = train(capsys, *train_args(model_dir, 12))
   line = one_line(err)
   assert code == 1 and "checkpoint" in line and "10 is corrupt or incomplete" in line
-  assert "delete it to resume from step 8" in line
+  assert ("to resume from the checkpoint before it (step 8), run again with "
+          "--gin.run_configs.CheckpointConfig.fallback_on_corrupt=True") in line
+
+  # A checkpoint whose metadata is gone fails before its arrays are read: the same way out.
+  shutil.rmtree(model_dir / "checkpoints" / "10" / "meta")
+  code, _, err = train(capsys, *train_args(model_dir, 12))
+  line = one_line(err)
+  assert code == 1 and "has no readable meta item" in line
+  assert "(step 8), run again with --gin.run_configs.CheckpointConfig.fallback_on_corrupt" in line
 
 
 def test_a_model_dir_that_is_a_file_is_one_line(tmp_path, capsys):
@@ -222,7 +230,8 @@ def test_a_checkpoint_without_an_input_position_resumes_by_skipping(trained, tmp
               r"step 5 took [\d.]+ s \(compilation included\); training",
               re.escape(f"trained to step 8: checkpoints in {model_dir / 'checkpoints'}, metrics "
                         f"in {model_dir / 'metrics.jsonl'} (TensorBoard: tensorboard --logdir "
-                        f"{model_dir})")]
+                        f"{model_dir}, from the [tensorboard] extra: pip install -e "
+                        "'.[tensorboard]')")]
   assert len(said) >= len(expected), out
   for line, pattern in zip(said[-len(expected):], expected):
     assert re.fullmatch(pattern, line), (line, pattern)
