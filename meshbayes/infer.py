@@ -3,7 +3,10 @@
 --gin.INPUT_FILE="'in.txt'" --gin.OUTPUT_FILE="'out.txt'"``.
 
 The model is the training run's unless the command line says otherwise. What gin
-configures: ``meshbayes.evaluation.inference.infer``.
+configures: ``meshbayes.evaluation.inference.infer``. It writes OUTPUT_FILE,
+OUTPUT_FILE.scores.jsonl and, last, OUTPUT_FILE.manifest.json (what makes them one
+unit), holding OUTPUT_FILE.lock meanwhile: a second infer to that output stops with one
+line naming the first.
 """
 
 from meshbayes.launch import run

@@ -3,20 +3,30 @@ line, decoded into a file of outputs, with each output's probability and uncerta
 
 One output line per input line, always (a blank input gives an empty line and a scores
 record marked ``"empty": true``); too-long inputs are truncated with one warning line.
-Files may be local or ``gs://``.
+Files may be local or ``gs://``. The text and the scores are one unit: a manifest
+written last names both files' checksums and the run (``write_outputs``), and
+``read_outputs`` refuses, in one line, a text and scores that do not belong together.
+One infer at a time writes an output: it holds ``OUTPUT_FILE.lock`` while it runs.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
+import dataclasses
+import hashlib
+import os
+import socket
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 import tqdm
 from etils import epath
+from jax.experimental import multihost_utils
 
 from meshbayes.data.pipeline import TaskData, get_task
 from meshbayes.evaluation import predictives as predictive_eval
@@ -24,12 +34,19 @@ from meshbayes.field_checks import positive_int
 from meshbayes.layers import holds_posterior
 from meshbayes.models.base import BaseModel
 from meshbayes.partitioning import Partitioner
-from meshbayes.runtime.atomic_files import same_file, write_text_atomically
+from meshbayes.runtime import strict_json
+from meshbayes.runtime.atomic_files import same_file
+from meshbayes.runtime.run_lock import LockHeldError, RunLock
 from meshbayes.training.checkpoint_restore import restore_params
 from meshbayes.data.text_lines import (EncodedLines, encode_inputs, in_batches, read_lines,
                                   truncation_warning)
 
 SCORES_SUFFIX = ".scores.jsonl"
+MANIFEST_SUFFIX = ".manifest.json"
+LOCK_SUFFIX = ".lock"
+# The files of one output besides OUTPUT_FILE itself: their names add these to its name.
+_SUFFIXES = {"scores": SCORES_SUFFIX, "manifest": MANIFEST_SUFFIX, "lock": LOCK_SUFFIX}
+MANIFEST_FORMAT = 1
 _NOTHING_MEASURED = {"log_prob": None, "num_tokens": 0, "entropy": None,
                      "mutual_information": None}
 
@@ -70,6 +87,182 @@ def output_lines(encoded: EncodedLines, records: Sequence[predictive_eval.Decode
   return texts, scores
 
 
+@dataclasses.dataclass(frozen=True)
+class Outputs:
+  """One infer's outputs, checked to belong together (``read_outputs``).
+
+  Attributes:
+    texts: the output lines (without their newlines).
+    scores: one record per line (see ``infer``).
+    manifest: what wrote them (see ``write_outputs``).
+  """
+
+  texts: list[str]
+  scores: list[dict[str, Any]]
+  manifest: dict[str, Any]
+
+
+def output_paths(output_file: str | os.PathLike) -> dict[str, epath.Path]:
+  """The files of one output: ``text`` (``output_file``), ``scores``, ``manifest``, ``lock``."""
+  output = epath.Path(output_file)
+  return {"text": output, **{key: output.with_name(output.name + suffix)
+                             for key, suffix in _SUFFIXES.items()}}
+
+
+def _checksum(data: bytes) -> str:
+  return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _is_local(path: epath.Path) -> bool:
+  return "://" not in os.fspath(path)
+
+
+def _write_whole(files: Sequence[tuple[epath.Path, bytes]]) -> None:
+  """Writes each ``(path, data)``: locally all beside their paths first, then renamed
+  into place in order (an interruption before the renames changes nothing); directly on
+  an object store (its writes are whole)."""
+  if not all(_is_local(path) for path, _ in files):
+    for path, data in files:
+      path.write_bytes(data)
+    return
+  partials = [(path.with_name(f"{path.name}.{os.getpid()}.tmp"), path, data)
+              for path, data in files]
+  try:
+    for partial, _, data in partials:
+      partial.write_bytes(data)
+    for partial, path, _ in partials:
+      os.replace(partial, path)
+  finally:
+    for partial, _, _ in partials:
+      with contextlib.suppress(FileNotFoundError):
+        os.unlink(partial)
+
+
+def write_outputs(output_file: str | os.PathLike, texts: Sequence[str],
+                  scores: Sequence[Mapping[str, Any]], run: Mapping[str, Any]
+                  ) -> dict[str, Any]:
+  """Writes ``texts`` and ``scores`` as one unit; the caller holds the output's lock.
+
+  The text (one line each) and the scores (one strict-JSON record a line) are written
+  whole, then the manifest, last: ``OUTPUT_FILE.manifest.json`` naming each file with
+  its SHA-256 checksum, and ``run``. Interrupted before the text and scores are renamed
+  into place, the previous unit stays; after, the previous manifest no longer matches
+  them, so nothing reads as complete until a run finishes.
+
+  Returns:
+    The manifest.
+  """
+  paths = output_paths(output_file)
+  text = "".join(line + "\n" for line in texts).encode("utf-8")
+  scored = "".join(strict_json.dumps(dict(s)) + "\n" for s in scores).encode("utf-8")
+  _write_whole([(paths["text"], text), (paths["scores"], scored)])
+  manifest = {"format": MANIFEST_FORMAT,
+              "text": {"file": paths["text"].name, "checksum": _checksum(text),
+                       "lines": len(texts)},
+              "scores": {"file": paths["scores"].name, "checksum": _checksum(scored)},
+              "run": dict(run), "written": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+              "host": socket.gethostname(), "pid": os.getpid()}
+  _write_whole([(paths["manifest"],
+                 (strict_json.dumps(manifest, indent=2, default=str) + "\n").encode())])
+  return manifest
+
+
+def read_outputs(output_file: str | os.PathLike) -> Outputs:
+  """The text and scores of one infer at ``output_file``, checked against its manifest.
+
+  Raises:
+    ValueError: one line, when there is no manifest (being written, interrupted, or
+      written before manifests) or a file is missing or not the one the manifest names
+      (text and scores of different runs, or an interrupted write).
+  """
+  paths = output_paths(output_file)
+  for _ in range(3):  # a writer that replaced the unit meanwhile: read the new one
+    try:
+      manifest_bytes = paths["manifest"].read_bytes()
+    except FileNotFoundError:
+      raise ValueError(f"{output_file}: no manifest {paths['manifest']}, so not the complete "
+                       "outputs of one infer (being written, interrupted, or written before "
+                       "manifests); run infer again") from None
+    try:
+      manifest = strict_json.loads_strict(manifest_bytes.decode("utf-8"))
+      expected = {key: manifest[key]["checksum"] for key in ("text", "scores")}
+    except (ValueError, KeyError, TypeError) as error:
+      raise ValueError(f"{paths['manifest']}: not an infer manifest ({error!r}); run infer "
+                       "again") from None
+    data = {}
+    for key in ("text", "scores"):
+      try:
+        data[key] = paths[key].read_bytes()
+      except FileNotFoundError:
+        data[key] = None
+    with contextlib.suppress(FileNotFoundError):
+      if paths["manifest"].read_bytes() == manifest_bytes:
+        break
+  for key in ("text", "scores"):
+    if data[key] is None:
+      raise ValueError(f"{output_file}: {paths[key]} is missing, though its manifest "
+                       f"{paths['manifest']} names it; run infer again")
+    if _checksum(data[key]) != expected[key]:
+      raise ValueError(f"{output_file}: {paths[key]} is not the file its manifest "
+                       f"{paths['manifest']} names (checksum {_checksum(data[key])}, manifest "
+                       f"{expected[key]}): text and scores of different runs, or an interrupted "
+                       "write; run infer again")
+  texts = data["text"].decode("utf-8").split("\n")[:-1]
+  scores = [strict_json.loads_strict(line) for line in data["scores"].decode().splitlines()]
+  return Outputs(texts, scores, manifest)
+
+
+def lock_output(output_file: str | os.PathLike) -> tuple[RunLock, str | None]:
+  """Takes ``OUTPUT_FILE.lock`` (``RunLock``'s protocol on that file: a lock of a
+  process that is gone, on this host, or silent past its lease, is taken over).
+
+  Returns:
+    ``(the held lock, a note when a stale lock was taken over, else None)``.
+
+  Raises:
+    RuntimeError: another live infer holds it (one line naming it and what to do).
+  """
+  path = output_paths(output_file)["lock"]
+  lock = RunLock(path.parent, lock_name=path.name)
+  try:
+    return lock, lock.acquire()
+  except LockHeldError as error:
+    holder = error.holder
+    raise RuntimeError(
+        f"infer: OUTPUT_FILE {output_file} is being written by another infer (host "
+        f"{holder.get('host')}, pid {holder.get('pid')}, started {holder.get('started')}; "
+        f"lock {path}); wait for it to finish or stop it, or give another OUTPUT_FILE "
+        "(the lock of a process that is gone is taken over)") from None
+  except OSError as error:
+    raise RuntimeError(f"infer: cannot lock OUTPUT_FILE {output_file} ({path}): "
+                       f"{error}") from None
+
+
+def _lock_on_writer(output_file: str, writer: bool) -> RunLock | None:
+  """The output's lock, taken by the writer (None on the other processes).
+
+  Raises:
+    RuntimeError: it is held (on every process, the others told by process 0).
+  """
+  lock, error = None, None
+  if writer:
+    try:
+      lock, note = lock_output(output_file)
+      if note:
+        print(f"infer: {note} ({output_paths(output_file)['lock']})", file=sys.stderr,
+              flush=True)
+    except RuntimeError as raised:
+      error = raised
+  if jax.process_count() > 1:
+    failed = bool(multihost_utils.broadcast_one_to_all(np.int32(error is not None)))
+    if failed and error is None:
+      raise RuntimeError(f"infer: process 0 could not lock OUTPUT_FILE {output_file}; see "
+                         "its error")
+  if error is not None:
+    raise error
+  return lock
+
+
 def infer(*, model_dir: str, model: BaseModel, data: TaskData, input_file: str,
           output_file: str, partitioner: Partitioner | None = None,
           checkpoint_step: int | None = None, decode_method: str = "beam", beam_size: int = 4,
@@ -85,6 +278,17 @@ def infer(*, model_dir: str, model: BaseModel, data: TaskData, input_file: str,
   (scored: output tokens + EOS, at most the target length), ``entropy`` and
   ``mutual_information`` (per-token means, nats; the latter null unless a
   model average), ``input_tokens_cut``. Process 0 writes the files and prints.
+
+  The two are one unit (``write_outputs``): ``output_file`` stays a plain text
+  file, and ``<output_file>.manifest.json``, written last, names both files'
+  checksums and the run (model directory, checkpoint step, predictive, decode
+  settings, input file and its checksum); ``read_outputs`` refuses a text and
+  scores it does not name. For the whole run process 0 holds
+  ``<output_file>.lock``: a second infer to the same output stops at once with
+  one line naming the holder; a lock left by a process that is gone is taken
+  over. Local files are renamed into place; ``gs://`` objects are written
+  directly (whole), the manifest still last, and locked as ``RunLock`` locks
+  an object store.
 
   Args:
     model_dir: the run's directory (its checkpoints).
@@ -103,45 +307,59 @@ def infer(*, model_dir: str, model: BaseModel, data: TaskData, input_file: str,
 
   Returns:
     The number of lines written (as many as ``input_file`` has).
+
+  Raises:
+    RuntimeError: another infer is writing ``output_file``.
   """
   positive_int("infer", "num_samples", num_samples, allow_zero=True)
-  scores_file = str(output_file) + SCORES_SUFFIX
-  for name, path in (("OUTPUT_FILE", output_file), (f"OUTPUT_FILE + {SCORES_SUFFIX!r}",
-                                                      scores_file)):
+  paths = output_paths(output_file)
+  for name, path in (("OUTPUT_FILE", str(output_file)), *(
+      (f"OUTPUT_FILE + {suffix!r}", str(output_file) + suffix) for suffix in _SUFFIXES.values())):
     if same_file(path, input_file):
-      raise ValueError(f"infer: {name} {str(path)!r} is INPUT_FILE {str(input_file)!r} (it "
+      raise ValueError(f"infer: {name} {path!r} is INPUT_FILE {str(input_file)!r} (it "
                        "would overwrite the inputs); give another OUTPUT_FILE")
   writer = jax.process_index() == 0
   length = data.feature_lengths["inputs"]
   encoded = encode_inputs(read_lines(input_file),
                           get_task(data.task).output_features["inputs"].vocabulary, length,
                           source=str(input_file))
-  warning = truncation_warning(encoded.tokens_cut, str(input_file), length)
-  if warning and writer:
-    print(warning, file=sys.stderr, flush=True)
+  input_checksum = _checksum(epath.Path(input_file).read_bytes())
   partitioner = partitioner or Partitioner()
   try:  # before any work: decoding places BATCH_SIZE rows over the mesh's batch axes
     partitioner.data_layout(data.batch_size)
   except ValueError as error:
     raise ValueError(f"infer: BATCH_SIZE={data.batch_size}: {error}") from None
-  params, _ = restore_params(model_dir, model, data, partitioner, checkpoint_step)
-  predictive = predictive_eval.predictives(model.is_bayesian or holds_posterior(params),
-                                           num_samples)[0]
-  inputs = encoded.rows[encoded.present]  # empty lines take no room in the batches
-  batches = tqdm.tqdm(in_batches(inputs, data.batch_size), desc="decoding", unit=" batches",
-                      total=-(-len(inputs) // data.batch_size), disable=not writer,
-                      file=sys.stderr)
-  records = predictive_eval.decode_and_score(
-      model, params, batches, partitioner, predictive, jax.random.key(seed),
-      data.feature_lengths["targets"], data.vocabulary.eos_id, method=decode_method,
-      beam_size=beam_size)
-  texts, scores = output_lines(encoded, records, data.vocabulary,
-                               with_mutual_information=predictive.num_samples > 0)
   if writer:
-    output = epath.Path(output_file)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomically(output, "".join(text + "\n" for text in texts))
-    write_text_atomically(scores_file, "".join(json.dumps(s) + "\n" for s in scores))
-    print(f"decoded {len(texts)} lines of {input_file} ({len(texts) - len(inputs)} empty) into "
-          f"{output_file}, scores in {scores_file}")
+    paths["text"].parent.mkdir(parents=True, exist_ok=True)
+  lock = _lock_on_writer(str(output_file), writer)  # before the restore: a second run stops now
+  try:
+    warning = truncation_warning(encoded.tokens_cut, str(input_file), length)
+    if warning and writer:
+      print(warning, file=sys.stderr, flush=True)
+    params, step = restore_params(model_dir, model, data, partitioner, checkpoint_step)
+    predictive = predictive_eval.predictives(model.is_bayesian or holds_posterior(params),
+                                             num_samples)[0]
+    inputs = encoded.rows[encoded.present]  # empty lines take no room in the batches
+    batches = tqdm.tqdm(in_batches(inputs, data.batch_size), desc="decoding",
+                        unit=" batches", total=-(-len(inputs) // data.batch_size),
+                        disable=not writer, file=sys.stderr)
+    records = predictive_eval.decode_and_score(
+        model, params, batches, partitioner, predictive, jax.random.key(seed),
+        data.feature_lengths["targets"], data.vocabulary.eos_id, method=decode_method,
+        beam_size=beam_size)
+    texts, scores = output_lines(encoded, records, data.vocabulary,
+                                 with_mutual_information=predictive.num_samples > 0)
+    if writer:
+      run = {"model_dir": str(model_dir), "checkpoint_step": step, "task": data.task,
+             "feature_lengths": dict(data.feature_lengths), "batch_size": data.batch_size,
+             "predictive": predictive.name, "num_samples": predictive.num_samples,
+             "decode_method": decode_method, "beam_size": beam_size, "seed": seed,
+             "input_file": str(input_file), "input_checksum": input_checksum}
+      write_outputs(output_file, texts, scores, run)
+      print(f"decoded {len(texts)} lines of {input_file} ({len(texts) - len(inputs)} empty) "
+            f"into {output_file}, scores in {paths['scores']}, manifest in "
+            f"{paths['manifest']}")
+  finally:
+    if lock is not None:
+      lock.release()
   return len(texts)

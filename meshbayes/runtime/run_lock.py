@@ -21,7 +21,22 @@ from typing import Any
 
 from etils import epath
 
+from meshbayes.runtime import strict_json
+
 LOCK_NAME = "RUN_LOCK"
+
+
+class LockHeldError(OSError):
+  """Another live process holds the lock.
+
+  Attributes:
+    holder: its record (``host``, ``pid``, ``started``, ...).
+    path: the lock file.
+  """
+
+  def __init__(self, message: str, holder: dict[str, Any], path: epath.Path):
+    super().__init__(message)
+    self.holder, self.path = holder, path
 
 
 def _process_start(pid: int) -> str | None:
@@ -53,12 +68,14 @@ class RunLock:
 
   Attributes:
     model_dir: the run's directory (local or a URI such as ``gs://bucket/run``).
+    lock_name: the lock file's name in it (another writer's lock: inference's outputs).
     heartbeat_seconds: how often the holder rewrites its heartbeat.
     lease_seconds: a lock whose heartbeat is older is stale for other hosts.
     confirm_seconds: on object stores, the pause before reading the lock back.
   """
 
   model_dir: epath.Path
+  lock_name: str = LOCK_NAME
   heartbeat_seconds: float = 60.0
   lease_seconds: float = 600.0
   confirm_seconds: float = 2.0
@@ -68,7 +85,7 @@ class RunLock:
     if not 0 < self.heartbeat_seconds < self.lease_seconds:
       raise ValueError(f"RunLock: heartbeat_seconds={self.heartbeat_seconds!r} must be "
                        f"positive and below lease_seconds={self.lease_seconds!r}")
-    self.path = self.model_dir / LOCK_NAME
+    self.path = self.model_dir / self.lock_name
     self._holder: dict[str, Any] | None = None
     self._stop = threading.Event()
     self._heartbeat: threading.Thread | None = None
@@ -77,7 +94,8 @@ class RunLock:
     """Takes the lock; returns a note when a stale lock was taken over, else None.
 
     Raises:
-      OSError: another live process holds it (one line naming the holder).
+      LockHeldError: another live process holds it (one line naming the holder).
+      OSError: the lock file keeps changing.
     """
     pid = os.getpid()
     self._holder = {"host": socket.gethostname(), "pid": pid, "pid_start": _process_start(pid),
@@ -92,10 +110,10 @@ class RunLock:
         continue
       why = self._stale(holder)
       if why is None:
-        raise OSError(f"MODEL_DIR {self.model_dir} is in use by another training run (host "
-                      f"{holder.get('host')}, pid {holder.get('pid')}, started "
-                      f"{holder.get('started')}; lock {self.path}); stop it, or use another "
-                      "MODEL_DIR")
+        raise LockHeldError(
+            f"MODEL_DIR {self.model_dir} is in use by another training run (host "
+            f"{holder.get('host')}, pid {holder.get('pid')}, started {holder.get('started')}; "
+            f"lock {self.path}); stop it, or use another MODEL_DIR", holder, self.path)
       self._remove_stale(holder)
       note = (f"took over the lock of a run that is gone (host {holder.get('host')}, pid "
               f"{holder.get('pid')}, started {holder.get('started')}: {why})")
@@ -124,7 +142,7 @@ class RunLock:
 
   def _create(self) -> bool:
     """Writes the lock if there is none; whether this process now holds it."""
-    text = json.dumps(self._holder)
+    text = strict_json.dumps(self._holder)
     if _is_local(self.path):
       try:
         fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -164,7 +182,7 @@ class RunLock:
         with contextlib.suppress(OSError):
           self.path.unlink()
       return
-    aside = self.path.with_name(f"{LOCK_NAME}.stale-{uuid.uuid4().hex}")
+    aside = self.path.with_name(f"{self.path.name}.stale-{uuid.uuid4().hex}")
     try:
       os.rename(self.path, aside)  # atomic: of two processes recovering, one moves it
     except FileNotFoundError:
@@ -180,10 +198,10 @@ class RunLock:
       if (self._read() or {}).get("token") not in (None, self._token):
         return  # taken over (this process was silent past the lease): leave it
       self._holder["heartbeat"] = time.time()
-      text = json.dumps(self._holder)
+      text = strict_json.dumps(self._holder)
       with contextlib.suppress(OSError):  # a missed beat is retried at the next one
         if _is_local(self.path):
-          partial = self.path.with_name(f"{LOCK_NAME}.{self._token}.tmp")
+          partial = self.path.with_name(f"{self.path.name}.{self._token}.tmp")
           partial.write_text(text)
           partial.replace(self.path)
         else:

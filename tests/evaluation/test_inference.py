@@ -1,7 +1,12 @@
 """Inference (``meshbayes.infer``): one output line per input line, empty inputs, truncation
-warnings, the scores file and a progress bar."""
+warnings, the scores file and a progress bar; the text and scores as one unit under a lock."""
 
+import hashlib
 import json
+import os
+import socket
+import subprocess
+import time
 
 import jax
 import numpy as np
@@ -128,3 +133,147 @@ def test_infer_writes_a_line_and_a_score_per_input_line(tmp_path, monkeypatch, c
   # 11 non-empty inputs, 8 a batch: a bar over 2 batches.
   assert "decoding: 100%" in err and "2/2" in err
   assert f"decoded 13 lines of {inputs} (2 empty) into {outputs}" in out
+  # One unit: the manifest names both files and the run; the lock is gone.
+  unit = inference.read_outputs(outputs)
+  assert unit.texts == texts[:-1] and unit.scores == scores
+  assert unit.manifest["text"]["lines"] == 13
+  assert {k: unit.manifest["run"][k] for k in (
+      "checkpoint_step", "predictive", "num_samples", "decode_method", "input_checksum")} == {
+          "checkpoint_step": 0, "predictive": "posterior_mean", "num_samples": 0,
+          "decode_method": "greedy",
+          "input_checksum": "sha256:" + hashlib.sha256(inputs.read_bytes()).hexdigest()}
+  assert sorted(os.listdir(outputs.parent)) == [
+      "out.txt", "out.txt.manifest.json", "out.txt.scores.jsonl"]
+
+
+def _score(line, output, log_prob):
+  return {"line": line, "empty": False, "output": output, "log_prob": log_prob,
+          "num_tokens": len(output.split()) + 1, "entropy": 0.5, "mutual_information": None,
+          "input_tokens_cut": 0}
+
+
+def _write(output, outputs, **run):
+  """``write_outputs`` of ``outputs`` (text -> log_prob) with a run of ``run``."""
+  inference.write_outputs(output, list(outputs),
+                          [_score(i, t, p) for i, (t, p) in enumerate(outputs.items(), 1)], run)
+
+
+def _unit(output):
+  return {p.name: p.read_bytes() for p in output.parent.iterdir()}
+
+
+def test_read_outputs_refuses_text_and_scores_of_two_runs(tmp_path):
+  first, second = tmp_path / "a" / "out.txt", tmp_path / "b" / "out.txt"
+  first.parent.mkdir()
+  second.parent.mkdir()
+  _write(first, {"3 2": -0.25, "": float("nan")}, model_dir="runs/a", decode_method="beam")
+  _write(second, {"9 8": -1.5, "7": -2.0}, model_dir="runs/b", decode_method="sample")
+
+  read = inference.read_outputs(first)
+  assert read.texts == ["3 2", ""]
+  assert [s["log_prob"] for s in read.scores] == [-0.25, None]  # strict JSON: NaN is null
+  assert "NaN" not in (tmp_path / "a" / "out.txt.scores.jsonl").read_text()
+  assert read.manifest["run"] == {"model_dir": "runs/a", "decode_method": "beam"}
+  assert read.manifest["text"]["file"] == "out.txt"
+  assert read.manifest["scores"]["file"] == "out.txt.scores.jsonl"
+
+  # The second run's scores beside the first run's text.
+  scores = tmp_path / "a" / "out.txt.scores.jsonl"
+  scores.write_bytes((tmp_path / "b" / "out.txt.scores.jsonl").read_bytes())
+  got = "sha256:" + hashlib.sha256(scores.read_bytes()).hexdigest()
+  with pytest.raises(ValueError) as error:
+    inference.read_outputs(first)
+  message = str(error.value)
+  assert "\n" not in message
+  assert message.startswith(f"{first}: {scores} is not the file its manifest "
+                            f"{first}.manifest.json names (checksum {got}, manifest sha256:")
+  assert message.endswith("): text and scores of different runs, or an interrupted write; run "
+                          "infer again")
+  # ... and its text, with its own scores, beside the first run's manifest.
+  first.write_bytes(second.read_bytes())
+  with pytest.raises(ValueError, match=rf"^{first}: {first} is not the file its manifest"):
+    inference.read_outputs(first)
+  os.remove(f"{first}.manifest.json")
+  with pytest.raises(ValueError, match=rf"^{first}: no manifest {first}.manifest.json, so not "
+                                       "the complete outputs of one infer"):
+    inference.read_outputs(first)
+
+
+def test_an_interrupted_write_leaves_the_previous_unit_or_none_readable_as_complete(
+    tmp_path, monkeypatch):
+  output = tmp_path / "out.txt"
+  _write(output, {"3 2": -0.25}, model_dir="runs/previous")
+  previous = _unit(output)
+  rename = os.replace
+
+  def failing_on(suffix):
+    def replace(source, target):
+      if str(target).endswith(suffix):
+        raise OSError(f"disk full renaming {target}")
+      rename(source, target)
+    return replace
+
+  # Interrupted before the renames: the previous unit stays, whole.
+  monkeypatch.setattr(os, "replace", failing_on("out.txt"))
+  with pytest.raises(OSError, match="disk full"):
+    _write(output, {"9 8": -1.5, "7": -2.0}, model_dir="runs/next")
+  assert _unit(output) == previous  # no partial file left either
+  assert inference.read_outputs(output).manifest["run"] == {"model_dir": "runs/previous"}
+
+  # Interrupted at the last rename (the manifest's): new text and scores, which the
+  # previous manifest does not name, so nothing reads as complete.
+  monkeypatch.setattr(os, "replace", failing_on(".manifest.json"))
+  with pytest.raises(OSError, match="disk full"):
+    _write(output, {"9 8": -1.5, "7": -2.0}, model_dir="runs/next")
+  assert sorted(_unit(output)) == sorted(previous)
+  assert output.read_text() == "9 8\n7\n"
+  with pytest.raises(ValueError, match=rf"^{output}: {output} is not the file its manifest "):
+    inference.read_outputs(output)
+
+  monkeypatch.setattr(os, "replace", rename)
+  _write(output, {"9 8": -1.5, "7": -2.0}, model_dir="runs/next")
+  assert inference.read_outputs(output).texts == ["9 8", "7"]
+
+
+def test_a_second_infer_to_a_held_output_stops_with_one_line_and_leaves_it_intact(
+    tmp_path, monkeypatch):
+  def restore_params(*args, **kwargs):
+    raise AssertionError("infer went past the lock: it would decode and write")
+
+  monkeypatch.setattr(inference, "restore_params", restore_params)
+  inputs, output = tmp_path / "in.txt", tmp_path / "out.txt"
+  inputs.write_text("5 6 7\n")
+  first = {"out.txt": b"7 6 5\n", "out.txt.scores.jsonl": b'{"line": 1}\n',
+           "out.txt.manifest.json": b"{}\n"}  # another infer's unit, as far as this one knows
+  for name, data in first.items():
+    (tmp_path / name).write_bytes(data)
+  # The first infer: another live process on this host, holding the output's lock.
+  holder = subprocess.Popen(["sleep", "600"])
+  lock = tmp_path / "out.txt.lock"
+  host = socket.gethostname()
+  lock.write_text(json.dumps({"host": host, "pid": holder.pid, "started": "2024-05-01 10:00:00 UTC",
+                              "token": "first-infer", "heartbeat": time.time()}))
+  try:
+    with pytest.raises(RuntimeError) as error:
+      inference.infer(
+          model_dir=str(tmp_path / "run"),
+          model=EncoderDecoderModel(preset_config("tiny", deterministic=True), num_train_units=1),
+          data=TaskData("synthetic_reverse", {"inputs": 16, "targets": 16}, batch_size=8),
+          input_file=str(inputs), output_file=str(output), decode_method="greedy")
+    assert str(error.value) == (
+        f"infer: OUTPUT_FILE {output} is being written by another infer (host {host}, pid "
+        f"{holder.pid}, started 2024-05-01 10:00:00 UTC; lock {lock}); wait for it to finish or "
+        "stop it, or give another OUTPUT_FILE (the lock of a process that is gone is taken over)")
+    assert {name: (tmp_path / name).read_bytes() for name in first} == first
+    assert json.loads(lock.read_text())["token"] == "first-infer"
+  finally:
+    holder.kill()
+    holder.wait()
+  # Its process gone, the lock is stale: the next infer takes it over.
+  taken, note = inference.lock_output(output)
+  assert note == (f"took over the lock of a run that is gone (host {host}, pid {holder.pid}, "
+                  f"started 2024-05-01 10:00:00 UTC: no process {holder.pid} of that run on "
+                  "this host)")
+  assert json.loads(lock.read_text())["pid"] == os.getpid()
+  taken.release()
+  assert sorted(os.listdir(tmp_path)) == ["in.txt", *sorted(first)]
