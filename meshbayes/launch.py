@@ -14,6 +14,8 @@ process), ``--heartbeat_timeout_seconds=S`` (a process silent this long is dead)
 
 An error is one line, ``PROG: error: MESSAGE (traceback in LOG)``, and status 1
 (2 for a malformed command line); ``MESHBAYES_TRACEBACK=1`` shows the traceback.
+LOG is in ``MODEL_DIR/logs/`` (else the temporary directory), where the newest 20
+such logs are kept (older ``meshbayes.*-<date>-<time>-<pid>.log`` files are removed).
 SIGTERM and SIGINT make a training run save its last completed step and exit
 143 or 130 (at once while there is nothing new to save).
 """
@@ -44,6 +46,10 @@ _DISTRIBUTED_FLAGS = {"--coordinator_address": ("coordinator_address", str),
                       "--process_id": ("process_id", int),
                       "--num_cpu_devices": ("num_cpu_devices", int),
                       "--heartbeat_timeout_seconds": ("heartbeat_timeout_seconds", int)}
+# Traceback logs kept per directory (MODEL_DIR/logs/, the temporary directory), the newest;
+# only files named as _write_log names them are counted and removed.
+KEPT_LOGS = 20
+_LOG_NAME = re.compile(r"meshbayes\.[a-z_]+-(\d{8}-\d{6})-\d+\.log")
 # Errors whose message is the whole story for a user; others are shown with their type.
 _USER_ERRORS = (ValueError, OSError, RuntimeError, FloatingPointError)
 
@@ -123,6 +129,15 @@ def _registered_names() -> list[str]:
           if not selector.startswith("gin.")]
 
 
+def _configurable_names(name: str) -> list[str]:
+  """The registered configurables as a binding of ``name``'s depth would name them: the
+  last as many dotted parts (``evaluate`` is registered as
+  ``meshbayes.evaluation.driver.evaluate``, and a one-part name is compared with
+  ``evaluate``, not with the whole selector)."""
+  depth = len(name.split("."))
+  return sorted({".".join(selector.split(".")[-depth:]) for selector in _registered_names()})
+
+
 def _parameter_names(selector: str) -> list[str]:
   try:
     return list(inspect.signature(gin.config._REGISTRY.get_match(selector).wrapped).parameters)
@@ -130,7 +145,25 @@ def _parameter_names(selector: str) -> list[str]:
     return []
 
 
-def _message(error: BaseException) -> str:
+def _same_path(a: Any, b: Any) -> bool:
+  if not isinstance(a, str) or not isinstance(b, str) or "://" in a or "://" in b:
+    return a == b
+  return os.path.abspath(a) == os.path.abspath(b)
+
+
+def _earlier_checkpoint(error: BaseException, entry_point: str, model_dir: Any) -> str:
+  """For eval and infer, the binding that restores the checkpoint before a corrupt one of
+  MODEL_DIR's run (``checkpoint_restore.CorruptRunCheckpointError`` names it), else ''."""
+  step = getattr(error, "earlier_step", None)
+  if (entry_point not in ("evaluate", "infer") or step is None
+      or not _same_path(getattr(error, "model_dir", None), model_dir)):
+    return ""
+  return f"; --gin.{entry_point}.checkpoint_step={step} restores step {step}"
+
+
+def _message(error: BaseException, entry_point: str = "", model_dir: Any = None) -> str:
+  """The one line that tells ``error``: gin's errors in the command line's terms (and the
+  nearest valid names), a user's error as its message, anything else with its type."""
   text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
   # gin names a missing REQUIRED value by the parameter it was bound to; say which macro.
   required = re.search(r"Required bindings for `(\w+)` not provided in config: \[(.*)\]", text)
@@ -148,21 +181,39 @@ def _message(error: BaseException) -> str:
             f"--gin.{unset.group(1)}=VALUE")
   unknown = re.search(r"^No configurable matching '(.+)'", text)
   if unknown:
-    return text.rstrip(".") + gin_preflight.suggestion(unknown.group(1), _registered_names())
+    return text.rstrip(".") + gin_preflight.suggestion(unknown.group(1),
+                                                       _configurable_names(unknown.group(1)))
   parameter = re.search(r"^Configurable '(.+)' doesn't have a parameter named '(\w+)'", text)
   if parameter:
     return text.rstrip(".") + gin_preflight.suggestion(parameter.group(2),
                                                        _parameter_names(parameter.group(1)))
-  return text if isinstance(error, _USER_ERRORS) else f"{type(error).__name__}: {text}"
+  if isinstance(error, _USER_ERRORS):
+    return text + _earlier_checkpoint(error, entry_point, model_dir)
+  return f"{type(error).__name__}: {text}"
 
 
 # Reporting.
 
 
+def _prune_logs(directory: Path, keep: int = KEPT_LOGS) -> None:
+  """Removes all but the newest ``keep`` traceback logs in ``directory``: only files named
+  as ``_write_log`` names them (``meshbayes.<command>-<date>-<time>-<pid>.log``); a log
+  that cannot be removed is left."""
+  logs = sorted((path for path in directory.iterdir() if _LOG_NAME.fullmatch(path.name)
+                 and path.is_file()),
+                key=lambda path: (_LOG_NAME.fullmatch(path.name).group(1), path.name))
+  for path in logs[:-keep]:
+    try:
+      path.unlink()
+    except OSError:  # another process's, removed first, or not ours to remove
+      continue
+
+
 def _write_log(prog: str, argv: Sequence[str], error: BaseException, model_dir: Any
                ) -> str | None:
   """Writes the traceback to ``MODEL_DIR/logs/`` (an existing local MODEL_DIR) or the
-  temporary directory; returns the file's path (None if neither can be written)."""
+  temporary directory, keeping the newest ``KEPT_LOGS`` there; returns the file's path
+  (None if neither can be written)."""
   name = f"{prog}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
   text = (f"{prog} {' '.join(argv)}\n\n"
           + "".join(traceback.format_exception(type(error), error, error.__traceback__)))
@@ -173,31 +224,34 @@ def _write_log(prog: str, argv: Sequence[str], error: BaseException, model_dir: 
     try:
       directory.mkdir(exist_ok=True)
       (directory / name).write_text(text)
-      return str(directory / name)
     except OSError:
       continue
+    try:
+      _prune_logs(directory)
+    except OSError:  # the log is written; an unlistable directory keeps its old ones
+      pass
+    return str(directory / name)
   return None
 
 
-def write_line(line: str, fd: int = 2) -> None:
-  """Writes ``line`` and its newline to file descriptor ``fd`` in one ``write``.
+def write_line(line: str) -> None:
+  """Writes ``line`` and its newline to stderr in one ``write``.
 
   ``print`` in unbuffered mode writes the text and the newline apart, so a log line
   that C++ code (gloo, the coordination service) writes between them is glued onto
   it; one write of at most ``PIPE_BUF`` bytes reaches a pipe whole.
   """
   sys.stdout.flush()
+  sys.stderr.write(line + "\n")
   sys.stderr.flush()
-  data = (line + "\n").encode(errors="replace")
-  while data:
-    data = data[os.write(fd, data):]
 
 
-def _report(prog: str, argv: Sequence[str], error: Exception, model_dir: Any) -> None:
+def _report(prog: str, argv: Sequence[str], error: Exception, model_dir: Any,
+            entry_point: str = "") -> None:
   """One line on stderr, the traceback in a log file, and exit (status 2 for a usage
   error, else 1)."""
   label = distributed.process_label()
-  line = f"{prog}: error: {label}{_message(error)}"
+  line = f"{prog}: error: {label}{_message(error, entry_point, model_dir)}"
   if not isinstance(error, UsageError):
     log = _write_log(prog, argv, error, model_dir)
     line += f" (traceback in {log})" if log else ""
@@ -259,4 +313,4 @@ def run(prog: str, entry_point: str, argv: Sequence[str] | None = None, *,
   except Exception as error:  # every error: one line, the traceback in a log file
     if os.environ.get("MESHBAYES_TRACEBACK"):
       raise
-    _report(prog, argv, error, model_dir)
+    _report(prog, argv, error, model_dir, entry_point)

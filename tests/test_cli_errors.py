@@ -14,7 +14,7 @@ import pytest
 from meshbayes import launch, partitioning
 from meshbayes.runtime import distributed, gin_preflight
 from meshbayes.tools import inspect_partitioning
-from tests.training.runs import EXAMPLES, ROOT, train_args
+from tests.training.runs import EXAMPLES, ROOT, train_args, train_or_fail
 
 pytestmark = pytest.mark.integration
 
@@ -101,7 +101,10 @@ def test_configuration_mistakes_are_told_before_tensorflow_loads(tmp_path):
     ("--gin.train.train_step=3",
      "Configurable 'train' doesn't have a parameter named 'train_step'; did you mean "
      "train_steps?"),
-], ids=["configurable", "parameter"])
+    # Registered as meshbayes.evaluation.driver.evaluate: compared by its last part.
+    ("--gin.evalute.checkpoint_step=3", "No configurable matching 'evalute'; did you mean "
+     "evaluate?"),
+], ids=["configurable", "parameter", "entry_point"])
 def test_unknown_configurables_and_parameters_suggest_the_nearest(tmp_path, capsys, binding,
                                                                   message):
   code, _, line, _ = train(capsys, *train_args(tmp_path / "run", 2), binding)
@@ -137,6 +140,22 @@ def test_a_bug_is_one_line_with_its_traceback_in_model_dir_logs(tmp_path, capsys
   monkeypatch.setenv("MESHBAYES_TRACEBACK", "1")
   with pytest.raises(AttributeError, match="has no attribute 'x'"):
     launch.run("meshbayes.train", "train", train_args(model_dir, 2))
+
+
+def test_traceback_logs_are_bounded_to_the_newest_and_only_meshbayes_ones(tmp_path, capsys):
+  logs = tmp_path / "tmp"
+  old = [logs / f"meshbayes.{prog}-20200101-0000{i:02d}-{100 + i}.log"
+         for i, prog in enumerate(["train", "eval", "infer"] * 9)]  # 27, all older
+  others = [logs / "other-20200101-000000-1.log", logs / "meshbayes.train-notes.log",
+            logs / "meshbayes.train-20200101-000000-1.log.keep"]
+  for path in old + others:
+    path.write_text("x")
+  _, _, _, log = train(capsys, EXAMPLE, "--gin.MODEL_DIR=runs/x", "--gin.TRAIN_STEPS=2")
+  assert log.parent == logs
+  kept = sorted(p.name for p in logs.iterdir() if p not in others)
+  assert kept == sorted([log.name] + [p.name for p in old[-19:]])  # the newest 20
+  assert all(p.exists() for p in others)
+  assert launch.KEPT_LOGS == 20
 
 
 def test_only_process_0_says_what_it_does(tmp_path, capsys):
@@ -204,9 +223,94 @@ def test_eval_without_a_trained_run_says_so_and_leaves_model_dir_alone(tmp_path,
   code, line = command_line(capsys, "meshbayes.eval", "evaluate", "--gin_file=runs/eval.gin",
                             "--gin_file=tasks/synthetic.gin", f"--gin.MODEL_DIR='{model_dir}'",
                             "--gin.BATCH_SIZE=8", model_from_model_dir=True)
-  assert code == 1 and line == (f"meshbayes.eval: error: MODEL_DIR '{model_dir}' {what}; give "
-                                "the MODEL_DIR a run was trained into (meshbayes.train)")
+  assert code == 1 and line == (
+      f"meshbayes.eval: error: MODEL_DIR '{model_dir}' {what}, so it has no checkpoint; train "
+      "first: meshbayes.train writes a run's checkpoints into its MODEL_DIR (make demo trains "
+      "runs/demo/runs/bayesian and runs/demo/runs/deterministic)")
   assert not model_dir.is_dir() or not any(model_dir.iterdir())
+
+
+def test_the_readme_s_inference_example_before_make_demo_names_make_demo(tmp_path, capsys,
+                                                                       monkeypatch):
+  """The README decodes with make demo's Bayesian run: run before make demo, the error
+  names the runs make demo trains, which are where tools.experiment's demo preset puts
+  them (the Makefile's runs/demo/runs/<run>)."""
+  from meshbayes.tools import experiment
+
+  readme = (ROOT / "README.md").read_text()
+  example = re.search(r"^python -m meshbayes\.infer (.*?)\n(?!  )", readme,
+                      flags=re.DOTALL | re.MULTILINE).group(1)
+  args = [arg.replace("\"", "") for arg in example.replace("\\\n", " ").split()]
+  model_dir = next(arg for arg in args if arg.startswith("--gin.MODEL_DIR=")).split("=")[1]
+  monkeypatch.chdir(tmp_path)  # where no make demo ran
+  code, line = command_line(capsys, "meshbayes.infer", "infer", *args,
+                            model_from_model_dir=True)
+  assert code == 1 and line == (
+      f"meshbayes.infer: error: MODEL_DIR {model_dir} does not exist, so it has no checkpoint; "
+      "train first: meshbayes.train writes a run's checkpoints into its MODEL_DIR (make demo "
+      "trains runs/demo/runs/bayesian and runs/demo/runs/deterministic)")
+  demo_runs = [f"runs/demo/runs/{name}" for name in sorted(experiment.PRESETS["demo"].runs)]
+  assert demo_runs == ["runs/demo/runs/bayesian", "runs/demo/runs/deterministic"]
+  assert model_dir.strip("'") in demo_runs
+  assert "DEMO_DIR := runs/demo\n" in (ROOT / "Makefile").read_text()
+
+
+@pytest.mark.parametrize("entry_point, restored, hint", [
+    ("evaluate", "run", "; --gin.evaluate.checkpoint_step=4 restores step 4"),
+    ("infer", "run", "; --gin.infer.checkpoint_step=4 restores step 4"),
+    ("evaluate", "member", ""),  # an ensemble member's: MODEL_DIR's step would not help
+], ids=["eval", "infer", "another_run"])
+def test_a_corrupt_checkpoint_s_earlier_step_is_the_command_s_checkpoint_step(
+    tmp_path, capsys, monkeypatch, entry_point, restored, hint):
+  from meshbayes.training.checkpoint_restore import CorruptRunCheckpointError
+
+  (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+  message = (f"checkpoint {tmp_path / restored}/checkpoints/6 is corrupt: array params/w does "
+             "not match its checksum; the checkpoint before it is step 4")
+
+  def corrupt(options):  # where the restore fails, in the command's own path
+    raise CorruptRunCheckpointError(message, ("params/w",), str(tmp_path / restored), 4)
+
+  monkeypatch.setattr(distributed, "initialize", corrupt)
+  monkeypatch.chdir(tmp_path)
+  command = {"evaluate": "eval", "infer": "infer"}[entry_point]
+  files = ["--gin.INPUT_FILE='in.txt'", "--gin.OUTPUT_FILE='out.txt'"] if command == "infer" else []
+  prog = f"meshbayes.{command}"
+  code, line = command_line(capsys, prog, entry_point, "--gin_file=models/tiny.gin",
+                            f"--gin_file=runs/{command}.gin",
+                            "--gin_file=tasks/synthetic.gin", "--gin.MODEL_DIR='run'",
+                            "--gin.BATCH_SIZE=8", *files, model_from_model_dir=True)
+  assert code == 1 and line == f"{prog}: error: {message}{hint}"
+
+
+@pytest.mark.slow  # trains a run (make test covers its parts: the test above, and
+                   # tests/training/test_checkpoint_integrity.py's restore_params)
+def test_a_corrupt_checkpoint_names_the_step_before_it_to_eval_and_infer(tmp_path, capsys):
+  """A run whose newest checkpoint lost its array data: eval and infer name the intact one
+  before it as their own checkpoint_step binding, and the tool that verifies each step."""
+  model_dir = tmp_path / "run"
+  train_or_fail(train_args(model_dir, 2, "--gin.run_configs.CheckpointConfig.period=1"))
+  capsys.readouterr()
+  for path in (model_dir / "checkpoints" / "2" / "state").rglob("*"):
+    if path.is_file() and path.parent.name == "d":
+      path.unlink()
+  (tmp_path / "in.txt").write_text("3 4 5\n")
+  common = ["--gin_file=tasks/synthetic.gin", f"--gin.MODEL_DIR='{model_dir}'",
+            "--gin.BATCH_SIZE=8"]
+  for prog, entry_point, files in (
+      ("meshbayes.eval", "evaluate", ["--gin_file=runs/eval.gin"]),
+      ("meshbayes.infer", "infer", ["--gin_file=runs/infer.gin",
+                                    f"--gin.INPUT_FILE='{tmp_path / 'in.txt'}'",
+                                    f"--gin.OUTPUT_FILE='{tmp_path / 'out.txt'}'"])):
+    code, line = command_line(capsys, prog, entry_point, *files, *common,
+                              model_from_model_dir=True)
+    assert code == 1 and line.startswith(
+        f"{prog}: error: checkpoint {model_dir / 'checkpoints' / '2'} is corrupt or "
+        "incomplete: "), line
+    assert line.endswith(
+        f"; the checkpoint before it is step 1 (python -m meshbayes.tools.inspect_checkpoint "
+        f"verify {model_dir} checks every step); --gin.{entry_point}.checkpoint_step=1 "
+        "restores step 1"), line
 
 
 def test_a_misspelled_gin_file_suggests_the_nearest_and_lists_each_place_once(capsys):
@@ -240,13 +344,13 @@ def test_bad_optimizer_values_name_only_the_bad_one(tmp_path, capsys, binding, m
   assert code == 1 and line == f"meshbayes.train: error: {message}"
 
 
-def _moved_error(files, *bindings):
+def _moved_error(files, *bindings, entry_point="train"):
   """The ValueError of ``gin_preflight`` for a tiny run's configuration plus ``bindings``."""
   flags = [(f"--gin.{b}", b.replace("=", " = ", 1)) for b in
            ("MODEL_DIR='runs/x'", "TRAIN_STEPS=2", *bindings)]
   with pytest.raises(ValueError) as error:
     gin_preflight.checked_configuration([EXAMPLE.split("=", 1)[1], *files], flags,
-                                        gin_preflight.search_prefixes([]), "train", False)
+                                        gin_preflight.search_prefixes([]), entry_point, False)
   return str(error.value)
 
 
@@ -295,6 +399,40 @@ def test_the_moved_names_are_gone_from_train_and_evaluate_and_name_real_fields()
     assert old not in inspect.signature(evaluation.evaluate).parameters
     fields = dataclasses.fields(getattr(evaluation, configurable.split(".")[1]))
     assert param in {f.name for f in fields}, (old, configurable, param)
+
+
+def test_a_moved_parameter_given_an_unquoted_string_is_told_both_at_once():
+  fix = ("moved, and gin values are Python literals (runs/det is not one): bind "
+         "run_configs.CheckpointConfig.initial_checkpoint with the string quoted, "
+         "--gin.run_configs.CheckpointConfig.initial_checkpoint=\"'runs/det'\"")
+  assert _moved_error([], "train.initial_checkpoint=runs/det") == (
+      f"--gin.train.initial_checkpoint=runs/det: train.initial_checkpoint {fix}")
+  # The former parameter's name alone, as a user who read an old page writes it.
+  assert _moved_error([], "initial_checkpoint=runs/det") == (
+      f"--gin.initial_checkpoint=runs/det: train.initial_checkpoint {fix}")
+  assert _moved_error([], "fallback_on_corrupt_checkpoint=True") == (
+      "--gin.fallback_on_corrupt_checkpoint=True: train.fallback_on_corrupt_checkpoint moved: "
+      "bind run_configs.CheckpointConfig.fallback_on_corrupt (e.g. "
+      "--gin.run_configs.CheckpointConfig.fallback_on_corrupt=True)")
+  assert _moved_error([], "decode_method=greedy", entry_point="evaluate") == (
+      "--gin.decode_method=greedy: evaluate.decode_method moved, and gin values are Python "
+      "literals (greedy is not one): bind evaluation.DecodeConfig.method with the string "
+      "quoted, --gin.evaluation.DecodeConfig.method=\"'greedy'\"")
+
+
+def test_a_macro_named_like_a_former_parameter_is_a_macro(tmp_path):
+  """A configuration's own macro of that name is bound, not told as moved."""
+  (tmp_path / "macro.gin").write_text("keep_checkpoints = 2\n"
+                                      "run_configs.CheckpointConfig.keep = %keep_checkpoints\n")
+  flags = [(f"--gin.{b}", b.replace("=", " = ", 1)) for b in
+           ("MODEL_DIR='runs/x'", "TRAIN_STEPS=2", "keep_checkpoints=3")]
+  gin_preflight.checked_configuration([EXAMPLE.split("=", 1)[1], str(tmp_path / "macro.gin")],
+                                      flags, gin_preflight.search_prefixes([]), "train", False)
+  with pytest.raises(gin_preflight.UnquotedStringError, match="a string needs quotes"):
+    gin_preflight.checked_configuration(
+        [EXAMPLE.split("=", 1)[1], str(tmp_path / "macro.gin")],
+        [*flags, ("--gin.keep_checkpoints=all", "keep_checkpoints = all")],
+        gin_preflight.search_prefixes([]), "train", False)
 
 
 def test_a_moved_train_parameter_on_the_command_line(tmp_path, capsys):

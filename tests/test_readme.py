@@ -51,6 +51,26 @@ def test_the_readme_is_a_front_door():
   assert lines <= MAX_README_LINES, f"README.md has {lines} lines; at most {MAX_README_LINES}"
 
 
+def _make_target(target: str) -> str:
+  """The README's bullet of ``make TARGET`` under "`make` targets", joined into one line."""
+  bullet = re.search(rf"^- `make {target}`:(.*?)(?=^- |^## )", README.read_text(),
+                     flags=re.DOTALL | re.MULTILINE)
+  assert bullet, f"README.md has no bullet for make {target}"
+  return " ".join(bullet.group(1).split())
+
+
+def test_the_readme_times_make_data_and_says_whether_make_demo_s_time_includes_it():
+  """A new user's make demo prepares the data first: both times are given, and make demo's
+  says whether it counts make data (issue 65)."""
+  assert re.search(r"about (half a minute|\d+ (seconds|minutes?))", _make_target("data"))
+  demo = _make_target("demo")
+  assert re.search(r"about \d+ minutes", demo)
+  assert re.search(r"(excludes|includes) `make data`", demo), demo
+  # The first lines' time, too.
+  first = README.read_text().split("## ")[0]
+  assert "make demo" in first and "(make data)" in first
+
+
 def test_the_readme_maps_every_docs_page():
   readme = README.read_text()
   missing = [_name(page) for page in DOCS if f"]({_name(page)})" not in readme]

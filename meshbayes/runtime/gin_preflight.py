@@ -19,7 +19,7 @@ import logging
 import os
 import re
 import tokenize
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Sequence, Set
 from typing import Any, NamedTuple
 
 import gin
@@ -33,6 +33,10 @@ from meshbayes.gin_configs import DIRECTORY as GIN_CONFIGS
 TRAINED_CONFIG = "config.gin"
 _TRAIN_ENTRY_POINT = "train"
 _REQUIRED = "gin.REQUIRED"
+# What to do about a MODEL_DIR without a checkpoint (here and in training.checkpoints):
+# the README's examples evaluate and decode make demo's runs.
+TRAIN_FIRST = ("train first: meshbayes.train writes a run's checkpoints into its MODEL_DIR "
+               "(make demo trains runs/demo/runs/bayesian and runs/demo/runs/deterministic)")
 
 # train's parameters that moved into its grouped settings (meshbayes.training.run_configs):
 # old parameter -> (configurable, parameter) to bind instead.
@@ -260,18 +264,56 @@ def _file_bindings(name: str, prefixes: Sequence[str]) -> list[_Binding]:
   return bindings
 
 
+class UnquotedStringError(ValueError):
+  """A ``--gin.NAME=VALUE`` whose value is a bare word, not a Python literal.
+
+  Attributes:
+    quoted: the flag's bindings as they would be with the value quoted.
+  """
+
+  def __init__(self, message: str, quoted: Sequence[_Binding]):
+    super().__init__(message)
+    self.quoted = tuple(quoted)
+
+
 def _flag_bindings(flag: str, binding: str) -> list[_Binding]:
-  """The bindings of one ``--gin.NAME=VALUE``; an unquoted string is a one-line error
-  showing the quoted form."""
+  """The bindings of one ``--gin.NAME=VALUE``; an unquoted string is a one-line
+  ``UnquotedStringError`` showing the quoted form."""
   try:
     return _bindings(_parse(binding, flag), flag, numbered=False)
   except ValueError:
     key, _, value = (part.strip() for part in binding.partition("="))
     if value and value[0] not in "[({'\"@%":
-      raise ValueError(f"{flag}: gin values are Python literals and {value} is not one; a "
-                       f"string needs quotes: --gin.{key}=\"{value!r}\"") from None
+      try:
+        quoted = _bindings(_parse(f"{key} = {value!r}", flag), flag, numbered=False)
+      except ValueError:  # the name is malformed too: the quotes are the first thing to tell
+        quoted = []
+      raise UnquotedStringError(f"{flag}: gin values are Python literals and {value} is not "
+                                f"one; a string needs quotes: --gin.{key}=\"{value!r}\"",
+                                quoted) from None
     raise ValueError(f"{flag}: {value!r} is not a gin value (a Python literal, "
                      "@configurable() or %MACRO)") from None
+
+
+def _command_line_bindings(flags: Sequence[tuple[str, str]], entry_point: str,
+                           macros: Set[str]) -> list[_Binding]:
+  """The bindings of the ``--gin.NAME=VALUE`` flags; an unquoted string that also binds a
+  former parameter is one error naming both fixes (see ``check_moved_names``)."""
+  bindings = []
+  for flag, binding in flags:
+    try:
+      bindings.extend(_flag_bindings(flag, binding))
+    except UnquotedStringError as error:
+      for quoted in error.quoted:
+        moved = _replacement(quoted, None if quoted.selector in macros else entry_point)
+        if moved:
+          old, configurable, param, value, _ = moved
+          raise ValueError(f"{flag}: {old} moved, and gin values are Python literals "
+                           f"({binding.partition('=')[2].strip()} is not one): bind "
+                           f"{configurable}.{param} with the string quoted, "
+                           f"{_example(quoted, configurable, param, value)}") from None
+      raise
+  return bindings
 
 
 def _gin_value_text(value: Any) -> str:
@@ -280,26 +322,43 @@ def _gin_value_text(value: Any) -> str:
   return repr(value)
 
 
-def check_moved_names(bindings: Sequence[_Binding]) -> None:
+def _replacement(binding: _Binding, entry_point: str | None = None
+                 ) -> tuple[str, str, str, Any, str] | None:
+  """``(former name, configurable, parameter, value, note)`` of the binding that replaces
+  ``binding`` when it binds one of ``train``'s or ``evaluate``'s former parameters
+  (``MOVED_PARAMETERS``, ``REPLACED_EVALUATE_FLAGS``), else None.
+
+  A macro binding (``--gin.fallback_on_corrupt_checkpoint=True``: the parameter's name
+  alone) counts as one of ``entry_point``'s parameters (None: it never counts).
+  """
+  if binding.is_macro:
+    old, name = binding.selector, f"{entry_point}.{binding.selector}"
+  else:
+    entry_point, old = binding.selector.rsplit(".", 1)[-1], binding.param
+    name = binding.name
+  if entry_point == "evaluate" and old in REPLACED_EVALUATE_FLAGS:
+    configurable, param = MOVED_EVALUATE_PARAMETERS["method"]
+    return (name, configurable, param, REPLACED_EVALUATE_FLAGS[old],
+            ", or drop it for the run as trained")
+  if old in MOVED_PARAMETERS.get(entry_point, {}):
+    configurable, param = MOVED_PARAMETERS[entry_point][old]
+    return name, configurable, param, binding.value, ""
+  return None
+
+
+def check_moved_names(bindings: Sequence[_Binding], entry_point: str | None = None,
+                      macros: Set[str] = frozenset()) -> None:
   """Raises a one-line ValueError for a binding of one of ``train``'s or ``evaluate``'s
-  former parameters (``MOVED_PARAMETERS``, ``REPLACED_EVALUATE_FLAGS``), naming the
-  binding that replaces it, in its own form."""
+  former parameters (``_replacement``), naming the binding that replaces it, in its own
+  form; with ``entry_point``, a macro binding that is none of ``macros`` (the
+  configuration's) and bears the name of one of its former parameters counts too."""
   for binding in bindings:
-    entry_point = binding.selector.rsplit(".", 1)[-1]
-    moved = MOVED_PARAMETERS.get(entry_point, {})
-    if binding.is_macro:
-      continue
-    if entry_point == "evaluate" and binding.param in REPLACED_EVALUATE_FLAGS:
-      configurable, param = MOVED_EVALUATE_PARAMETERS["method"]
-      value, text = REPLACED_EVALUATE_FLAGS[binding.param], ", or drop it for the run as trained"
-    elif binding.param in moved:
-      configurable, param = moved[binding.param]
-      value, text = binding.value, ""
-    else:
-      continue
-    example = _example(binding, configurable, param, value)
-    raise ValueError(f"{binding.where}: {binding.selector}.{binding.param} moved: bind "
-                     f"{configurable}.{param} (e.g. {example}){text}")
+    moved = _replacement(binding, None if binding.selector in macros else entry_point)
+    if moved:
+      old, configurable, param, value, note = moved
+      example = _example(binding, configurable, param, value)
+      raise ValueError(f"{binding.where}: {old} moved: bind {configurable}.{param} (e.g. "
+                       f"{example}){note}")
 
 
 def _example(binding: _Binding, configurable: str, param: str, value: Any) -> str:
@@ -309,6 +368,12 @@ def _example(binding: _Binding, configurable: str, param: str, value: Any) -> st
   if binding.where.startswith("--gin."):
     return f"--gin.{configurable}.{param}=" + (f'"{text}"' if isinstance(value, str) else text)
   return f"{configurable}.{param} = {text}"
+
+
+def _macro_names(bindings: Sequence[_Binding]) -> set[str]:
+  """The macros that ``bindings`` refer to or set."""
+  return ({r.name for b in bindings for r in b.references if r.kind == "%"}
+          | {b.selector for b in bindings if b.is_macro})
 
 
 def _macro_value(bindings: Sequence[_Binding], name: str) -> Any:
@@ -340,8 +405,8 @@ def _check_bindings(bindings: Sequence[_Binding], command_line: Sequence[_Bindin
   """
   flags = {id(b) for b in command_line}
   from_files = [b for b in bindings if id(b) not in flags]
-  known = ({r.name for b in bindings for r in b.references if r.kind == "%"}
-           | {b.selector for b in from_files if b.is_macro}) - {_REQUIRED}
+  known = (_macro_names(from_files)
+           | {r.name for b in command_line for r in b.references if r.kind == "%"}) - {_REQUIRED}
   for binding in command_line:
     if binding.is_macro and binding.selector not in known:
       raise ValueError(
@@ -429,8 +494,7 @@ def _check_trained_run(model_dir: Any) -> None:
     return
   what = ("does not exist" if not path.exists() else "is a file" if path.is_file()
           else "holds no training run (no config.gin, no checkpoints/)")
-  raise ValueError(f"MODEL_DIR {model_dir!r} {what}; give the MODEL_DIR a run was trained "
-                   "into (meshbayes.train)")
+  raise ValueError(f"MODEL_DIR {model_dir!r} {what}, so it has no checkpoint; {TRAIN_FIRST}")
 
 
 def _check_train_values(model_dir: Any, train_steps: Any) -> None:
@@ -475,8 +539,10 @@ def checked_configuration(files: Sequence[str], flags: Sequence[tuple[str, str]]
   safe_existence_checks()
   with quiet_search_misses():
     from_files = [b for name in files for b in _file_bindings(name, prefixes)]
-  command_line = [b for flag, binding in flags for b in _flag_bindings(flag, binding)]
-  check_moved_names(from_files + command_line)
+  macros = _macro_names(from_files)
+  command_line = _command_line_bindings(flags, entry_point, macros)
+  check_moved_names(from_files)
+  check_moved_names(command_line, entry_point, macros)
   model_dir = _macro_value(from_files + command_line, "MODEL_DIR")
   if model_from_model_dir:
     _check_trained_run(model_dir)

@@ -24,6 +24,36 @@ from meshbayes.training import ivon as ivon_lib
 from meshbayes.training.optimizers import IVON_META
 
 
+class CorruptRunCheckpointError(checkpoints_lib.CorruptCheckpointError):
+  """A corrupt checkpoint of a run restored for prediction; the message names the
+  checkpoint before it, which ``meshbayes.launch`` turns into the command's
+  ``checkpoint_step`` binding.
+
+  Attributes:
+    model_dir: the run, as given.
+    earlier_step: the newest complete checkpoint before the corrupt one (None: none).
+  """
+
+  def __init__(self, message: str, arrays: Any, model_dir: str, earlier_step: int | None):
+    super().__init__(message, arrays)
+    self.model_dir, self.earlier_step = model_dir, earlier_step
+
+
+def _corrupt(error: checkpoints_lib.CorruptCheckpointError, model_dir: str | Path,
+             step_dir: Any) -> CorruptRunCheckpointError:
+  """``error`` with what to do next: the complete checkpoint before it, and the tool that
+  verifies them all."""
+  step = int(step_dir.name) if step_dir.name.isdigit() else None
+  earlier = [int(d.name) for d in checkpoints_lib.step_dirs(step_dir.parent)
+             if step is not None and int(d.name) < step
+             and not checkpoints_lib.missing_parts(d)]
+  before = (f"the checkpoint before it is step {earlier[-1]}" if earlier
+            else "no complete checkpoint precedes it: train the run again")
+  return CorruptRunCheckpointError(
+      f"{error}; {before} (python -m meshbayes.tools.inspect_checkpoint verify {model_dir} "
+      "checks every step)", error.arrays, str(model_dir), earlier[-1] if earlier else None)
+
+
 def restore_params(model_dir: str | Path, model: BaseModel, data: TaskData,
                    partitioner: Partitioner, step: int | None = None) -> tuple[Any, int]:
   """The parameters of a checkpoint, sharded for ``partitioner``, and its step; a
@@ -32,19 +62,29 @@ def restore_params(model_dir: str | Path, model: BaseModel, data: TaskData,
   An IVON run's are its posterior: a ``WeightPosterior`` of the parameters
   (the mean) and the stddevs from the saved Hessian estimate, which
   evaluation and decoding take in place of the parameters.
+
+  Raises:
+    CheckpointError: no checkpoint (of that step), or one of another model.
+    CorruptRunCheckpointError: the checkpoint is corrupt or incomplete.
   """
   shapes = data.input_shapes()
   params = jax.eval_shape(lambda k: model.get_initial_variables(k, shapes)["params"],
                           jax.random.key(0))
   step_dir = checkpoints_lib.find_step_dir(model_dir, step)
-  meta = checkpoints_lib.read_meta(step_dir)
+  try:
+    meta = checkpoints_lib.read_meta(step_dir)
+  except checkpoints_lib.CorruptCheckpointError as error:
+    raise _corrupt(error, model_dir, step_dir) from error
   check_vocabulary(meta, data, model_dir)
   ivon = meta.get(IVON_META)
   target = {"params": params}
   if ivon:
     target["opt_state"] = {"hessian": jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32), params)}
-  restored = checkpoints_lib.restore_subtree(step_dir, partitioner.placed(target))
+  try:
+    restored = checkpoints_lib.restore_subtree(step_dir, partitioner.placed(target))
+  except checkpoints_lib.CorruptCheckpointError as error:
+    raise _corrupt(error, model_dir, step_dir) from error
   if ivon:
     stddev = jax.jit(ivon_lib.posterior_stddev, static_argnums=(1, 2))(
         restored["opt_state"]["hessian"], float(ivon["ess"]), float(ivon["weight_decay"]))

@@ -82,8 +82,11 @@ def test_a_flipped_byte_is_one_line_naming_the_checkpoint_and_the_array(tmp_path
   flip_a_byte(ckpts.step_dir(4))
   with pytest.raises(checkpoints.CorruptCheckpointError) as error:
     ckpts.restore(4, abstract())
-  assert str(error.value) == (f"checkpoint {ckpts.step_dir(4)} is corrupt: array params/w does "
-                              "not match its checksum; delete it to resume from step 2")
+  assert str(error.value) == (
+      f"checkpoint {ckpts.step_dir(4)} is corrupt: array params/w does not match its checksum; "
+      "to resume from the checkpoint before it (step 2), run again with "
+      "--gin.run_configs.CheckpointConfig.fallback_on_corrupt=True, which sets the corrupt one "
+      "aside")
   assert error.value.arrays == ("params/w",)
   for read in (checkpoints.read_arrays,
                lambda d: checkpoints.restore_subtree(d, {"params": abstract()["params"]})):
@@ -92,10 +95,92 @@ def test_a_flipped_byte_is_one_line_naming_the_checkpoint_and_the_array(tmp_path
   np.testing.assert_array_equal(checkpoints.restore_subtree(
       ckpts.step_dir(2), {"params": abstract()["params"]})["params"]["w"], W + 2)
   # Without being asked, nothing falls back and nothing is moved.
-  with pytest.raises(checkpoints.CorruptCheckpointError, match="delete it to resume from step 2"):
+  with pytest.raises(checkpoints.CorruptCheckpointError, match=r"before it \(step 2\), run again "
+                     r"with --gin\.run_configs\.CheckpointConfig\.fallback_on_corrupt=True"):
     ckpts.restore_latest(abstract())
   assert ckpts.steps() == [2, 4]
   ckpts.close()
+
+
+def test_the_fallback_option_is_a_real_checkpoint_setting():
+  import dataclasses
+
+  from meshbayes.training import run_configs
+
+  configurable, field = checkpoints.FALLBACK_BINDING.rsplit(".", 1)
+  assert configurable == "run_configs.CheckpointConfig"
+  assert field in {f.name for f in dataclasses.fields(run_configs.CheckpointConfig)}
+
+
+def test_a_corrupt_first_checkpoint_says_how_to_start_over(tmp_path):
+  ckpts = saved(tmp_path / "checkpoints", steps=(2,))
+  flip_a_byte(ckpts.step_dir(2))
+  with pytest.raises(checkpoints.CorruptCheckpointError) as error:
+    ckpts.restore_latest(abstract())
+  assert str(error.value).endswith(
+      "does not match its checksum; no checkpoint precedes it: move it aside (or use a new "
+      "MODEL_DIR) to train from the start")
+  ckpts.close()
+
+
+def test_no_checkpoint_says_what_writes_one(tmp_path):
+  with pytest.raises(checkpoints.CheckpointError) as error:
+    checkpoints.find_step_dir(tmp_path)
+  assert str(error.value) == (
+      f"no checkpoint in {tmp_path}: expected a model directory, its checkpoints/ directory or "
+      "a checkpoint step directory; train first: meshbayes.train writes a run's checkpoints "
+      "into its MODEL_DIR (make demo trains runs/demo/runs/bayesian and "
+      "runs/demo/runs/deterministic)")
+
+
+class _Model:
+  """The parameters of ``state``, as a model's initial variables."""
+
+  def get_initial_variables(self, key, shapes):
+    return {"params": jax.tree.map(jax.numpy.asarray, state(0)["params"])}
+
+
+class _Data:
+  vocabulary = type("Vocabulary", (), {"vocab_size": 32})()
+
+  def input_shapes(self):
+    return {}
+
+
+class _OneDevice:
+  def placed(self, tree):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=jax.sharding.
+                                                       SingleDeviceSharding(jax.devices()[0])),
+                        tree)
+
+
+def test_eval_and_infer_are_told_the_complete_checkpoint_before_a_corrupt_one(tmp_path):
+  """``restore_params`` (eval's and infer's restore) names the newest complete step before
+  the corrupt one, skipping an incomplete one, and the tool that verifies them all."""
+  from meshbayes.training import checkpoint_restore
+
+  ckpts = saved(tmp_path / "checkpoints", steps=(2, 4, 6))
+  ckpts.close()
+  restore = lambda step=None: checkpoint_restore.restore_params(tmp_path, _Model(), _Data(),
+                                                                _OneDevice(), step)
+  assert restore()[1] == 6
+  flip_a_byte(tmp_path / "checkpoints" / "6")
+  (tmp_path / "checkpoints" / "4" / "_CHECKPOINT_METADATA").unlink()  # incomplete
+  with pytest.raises(checkpoint_restore.CorruptRunCheckpointError) as error:
+    restore()
+  assert str(error.value) == (
+      f"checkpoint {tmp_path / 'checkpoints' / '6'} is corrupt: array params/w does not match "
+      "its checksum; the checkpoint before it is step 2 (python -m "
+      f"meshbayes.tools.inspect_checkpoint verify {tmp_path} checks every step)")
+  assert (error.value.earlier_step, error.value.model_dir) == (2, str(tmp_path))
+  np.testing.assert_array_equal(restore(2)[0]["w"], W + 2)
+  flip_a_byte(tmp_path / "checkpoints" / "2")
+  with pytest.raises(checkpoint_restore.CorruptRunCheckpointError) as error:
+    restore(2)
+  assert str(error.value).endswith("does not match its checksum; no complete checkpoint precedes "
+                                   "it: train the run again (python -m meshbayes.tools."
+                                   f"inspect_checkpoint verify {tmp_path} checks every step)")
+  assert error.value.earlier_step is None
 
 
 def test_asked_to_fall_back_it_sets_the_corrupt_one_aside_and_resumes_before_it(tmp_path,
