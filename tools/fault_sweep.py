@@ -1,8 +1,8 @@
 """The fault and bad-input sweep: can a run be lost, corrupted or mixed up?
 
   python -m meshbayes.tools.fault_sweep [--out=runs/fault_sweep] [--kills=20]
-      [--sigterms=5] [--sigints=2] [--steps=200] [--sections=kill,signal,bad_input]
-      [--markdown=FILE]
+      [--sigterms=5] [--sigints=2] [--steps=200]
+      [--sections=kill,signal,bad_input,issue65] [--cases=stale,method,...] [--markdown=FILE]
 
 On the tiny synthetic Bayesian model (batch 8, a checkpoint every 4 steps):
 
@@ -17,6 +17,15 @@ On the tiny synthetic Bayesian model (batch 8, a checkpoint every 4 steps):
   trained run; the error must be one line (no traceback) and the run's
   checkpoints and ``config.gin`` must be as before.
 
+* ``issue65``: the cases of issue 65 (``--cases`` picks some; given alone, only
+  them): ``stale`` (an evaluation's files of an earlier step read with a later
+  one's), ``method`` (a predictive method that does not fit the run; metrics.json
+  naming its method), ``compute`` (``compute.json`` naming a checkpoint that never
+  landed, after a kill -9 during its save), ``infer`` (two infers to one output at
+  once), ``strict`` (bare NaN in the JSON a run, its evaluation and infer write),
+  ``frictions`` (error lines that should say what to do; tracebacks in
+  ``MODEL_DIR/logs`` bounded). The kill -9 rows also check ``compute.json``.
+
 It prints one row per case (expected, observed, exit code, first line of the
 error, damage) and exits 1 if any case found damage or a behaviour other than
 the expected one. ``docs/reliability.md`` holds a measured table.
@@ -26,17 +35,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-SECTIONS = ("kill", "signal", "bad_input")
+SECTIONS = ("kill", "signal", "bad_input", "issue65")
+ISSUE65_CASES = ("stale", "method", "compute", "infer", "strict", "frictions")
 EXAMPLE = "gin_configs/examples/tiny_synthetic_bayesian.gin"
 CHECKPOINT_PERIOD = 4
 
@@ -78,6 +91,12 @@ def _error_line(stderr: str) -> str:
   return (errors or lines or [""])[0][:160]
 
 
+def _whole_error_line(stderr: str) -> str:
+  """The ``PROG: error: ...`` line, whole (key phrases may come after ``_error_line``'s
+  first 160 characters)."""
+  return next((line for line in stderr.splitlines() if "error:" in line), "")
+
+
 def _one_line(stderr: str) -> bool:
   """No traceback on the console: the error is a single line."""
   return "Traceback" not in stderr and sum("error:" in line for line in stderr.splitlines()) <= 1
@@ -117,7 +136,7 @@ def _interrupted_runs(out: Path, name: str, reference: Path, steps: int, run_sec
   The moment is drawn over a whole run's wall time (startup, compilation, steps and
   saves), which shrinks when a run finishes before its signal (a resumed run is shorter).
   """
-  rows, chain, model_dir = [], 0, None
+  rows, chain, model_dir, compute_bad = [], 0, None, 0
   expected = "killed" if signum == signal.SIGKILL else f"exit {expected_code}, one line"
   for case in range(count):
     if model_dir is None or _finished(model_dir, steps):
@@ -151,15 +170,23 @@ def _interrupted_runs(out: Path, name: str, reference: Path, steps: int, run_sec
                   else f"exit {process.returncode}")
     message = "" if signum == signal.SIGKILL else _signal_line(text)
     safe = finished_first or observed.startswith("exit 0")  # nothing left to interrupt
+    damage = _unreadable(model_dir)
+    never_landed = compute_violations(model_dir) if signum == signal.SIGKILL else []
+    if never_landed:  # issue 65: the cost log ran ahead of the checkpoint it names
+      compute_bad += 1
+      damage = f"compute.json: last_step {never_landed} never landed" + (
+          "" if damage == "none" else f"; {damage}")
     rows.append(Row(f"{name} {case + 1} at {delay:.1f} s", observed if safe else expected,
-                    observed, process.returncode, "" if safe else message,
-                    _unreadable(model_dir)))
+                    observed, process.returncode, "" if safe else message, damage))
   finish = subprocess.run(train_args(model_dir, steps), capture_output=True, text=True,
                           timeout=900)
   if finish.returncode != 0:
     rows.append(Row(f"{name} chain {chain} resumed to the end", "exit 0",
                     f"exit {finish.returncode}", finish.returncode, _error_line(finish.stderr)))
   rows.append(_final_row(f"{name} chain {chain}", model_dir, reference))
+  if signum == signal.SIGKILL:
+    rows.append(Row(f"{name}: compute.json after every kill", "0 violations",
+                    f"{compute_bad} violations", None, ""))
   return rows
 
 
@@ -432,6 +459,440 @@ def _two_trainers(out: Path, steps: int) -> Row:
              second.returncode, _error_line(second.stderr), damage)
 
 
+# --------------------------------------------------------------------------- issue 65
+
+# The tiny run of the issue's cases: trained to STEP_A, evaluated, trained on to STEP_B.
+STEP_A, STEP_B = 2 * CHECKPOINT_PERIOD, 3 * CHECKPOINT_PERIOD
+EVAL_MANIFEST = "manifest.json"
+# An evaluation directory's history: every evaluated step's scalars, by design.
+EVAL_HISTORY = ("metrics.jsonl", "events.out.tfevents.")
+FAILING_COMMANDS = 25  # failures whose tracebacks MODEL_DIR/logs must not all keep
+
+
+def _loads_strict(text: str) -> object:
+  """``meshbayes.runtime.strict_json.loads_strict``, or the same (json refusing NaN and
+  Infinity) where the code under test has no such module."""
+  try:
+    from meshbayes.runtime.strict_json import loads_strict  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    def loads_strict(text: str) -> object:
+      def refuse(constant: str) -> object:
+        raise ValueError(f"non-standard JSON constant {constant}")
+      return json.loads(text, parse_constant=refuse)
+  return loads_strict(text)
+
+
+def manifest_files(manifest: object) -> set[str]:
+  """The file names a manifest's ``files`` lists (names, a mapping by name, or records
+  with a ``name`` or ``path``)."""
+  files = manifest.get("files", ()) if isinstance(manifest, dict) else ()
+  names = set()
+  for entry in files:
+    if isinstance(entry, dict):
+      entry = entry.get("name") or entry.get("path") or ""
+    names.add(Path(str(entry)).name)
+  return names
+
+
+def stale_set(eval_dir: Path, step: int) -> list[str]:
+  """What in an evaluation directory does not belong to its evaluation of ``step``: [] when
+  its ``manifest.json`` is of ``step`` and lists every file there but the history
+  (``EVAL_HISTORY``)."""
+  manifest_path, problems = eval_dir / EVAL_MANIFEST, []
+  manifest = None
+  if not manifest_path.is_file():
+    problems.append(f"no {EVAL_MANIFEST}")
+  else:
+    manifest = json.loads(manifest_path.read_text())
+    if not isinstance(manifest, dict) or manifest.get("step") != step:
+      found = manifest.get("step") if isinstance(manifest, dict) else manifest
+      problems.append(f"{EVAL_MANIFEST} of step {found}, not {step}")
+  listed = manifest_files(manifest)
+  for path in sorted(p for p in eval_dir.iterdir() if p.is_file()):
+    if path.name != EVAL_MANIFEST and not path.name.startswith(EVAL_HISTORY) and \
+        path.name not in listed:
+      problems.append(f"{path.name} not in {EVAL_MANIFEST}")
+  return problems
+
+
+def landed_steps(model_dir: Path) -> list[int]:
+  """The steps whose checkpoint directory landed (orbax renames a save's temporary
+  directory to the step's name when it completes)."""
+  found = (model_dir / "checkpoints").glob("*")
+  return sorted(int(p.name) for p in found if p.name.isdigit() and p.is_dir())
+
+
+def compute_violations(model_dir: Path) -> list[int]:
+  """The ``last_step`` of each attempt in ``compute.json`` that no checkpoint backs: not
+  landed, and no later one landed (keep=N may prune a landed one once a later lands)."""
+  path = model_dir / "compute.json"
+  if not path.is_file():
+    return []
+  landed = landed_steps(model_dir)
+  return [attempt["last_step"] for attempt in json.loads(path.read_text())
+          if attempt["last_step"] not in landed
+          and not any(step > attempt["last_step"] for step in landed)]
+
+
+def strict_json_problems(paths: Sequence[Path]) -> list[str]:
+  """Each JSON (``.json``) or JSON-lines (``.jsonl``) file of ``paths`` that a strict
+  reader refuses, with why (the first refused line of a JSON-lines file)."""
+  problems = []
+  for path in paths:
+    text = path.read_text()
+    chunks = ([(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+              if path.suffix == ".jsonl" else [(0, text)])
+    for number, chunk in chunks:
+      try:
+        _loads_strict(chunk)
+      except ValueError as error:
+        where = f"{path.name}:{number}" if number else path.name
+        problems.append(f"{where}: {str(error).splitlines()[0][:80]}")
+        break
+  return problems
+
+
+def infer_pairing(output: Path, num_inputs: int) -> list[str]:
+  """What is wrong with an infer's output and its scores as one result of ``num_inputs``
+  lines: every scores record's ``output`` is the text's line of the same number."""
+  scores = Path(str(output) + ".scores.jsonl")
+  if not output.is_file() or not scores.is_file():
+    return [f"missing: {output.name if not output.is_file() else scores.name}"]
+  texts = output.read_text().split("\n")[:-1]
+  records = [json.loads(line) for line in scores.read_text().splitlines() if line.strip()]
+  problems = [f"{len(texts)} text lines and {len(records)} scores for {num_inputs} inputs"
+              ] if not len(texts) == len(records) == num_inputs else []
+  differing = [n for n, (text, record) in enumerate(zip(texts, records), 1)
+               if record.get("output") != text]
+  if differing:
+    problems.append(f"{len(differing)} lines whose scores are of another text (first: line "
+                    f"{differing[0]})")
+  return problems
+
+
+def _run_quiet(command: Sequence[str], timeout: int = 900) -> subprocess.CompletedProcess:
+  return subprocess.run(list(command), capture_output=True, text=True, timeout=timeout)
+
+
+def _decoded_eval_args(model_dir: Path, *bindings: str) -> list[str]:
+  """``eval_args`` with decoding (the default ``DecodeConfig``)."""
+  return [a for a in eval_args(model_dir) if not a.startswith("--gin.evaluation.DecodeConfig.")
+          ] + list(bindings)
+
+
+def _fresh(path: Path) -> Path:
+  if path.is_dir():
+    shutil.rmtree(path)
+  elif path.exists():
+    path.unlink()
+  return path
+
+
+class Issue65:
+  """The cases of issue 65, sharing a tiny run (trained lazily) and its decoded evaluation."""
+
+  def __init__(self, out: Path):
+    self.out = out
+    self._run: Path | None = None
+    self._decoded: Path | None = None
+    self._decoded_result: subprocess.CompletedProcess | None = None
+
+  def _copy(self, source: Path, name: str) -> Path:
+    target = _fresh(self.out / f"i65-{name}")
+    shutil.copytree(source, target)
+    return target
+
+  def run(self) -> Path:
+    """The tiny run trained to ``STEP_A``."""
+    if self._run is None:
+      self._run = _fresh(self.out / "i65-run")
+      result = _run_quiet(train_args(self._run, STEP_A))
+      if result.returncode != 0:
+        raise SystemExit(f"fault_sweep: the tiny run failed (exit {result.returncode}): "
+                         f"{_error_line(result.stderr)}")
+    return self._run
+
+  def decoded(self) -> tuple[Path, subprocess.CompletedProcess]:
+    """A copy of ``run()`` evaluated with decoding at ``STEP_A``, and that evaluation."""
+    if self._decoded is None:
+      self._decoded = self._copy(self.run(), "decoded")
+      self._decoded_result = _run_quiet(_decoded_eval_args(self._decoded))
+    return self._decoded, self._decoded_result
+
+  def rows(self, cases: Sequence[str]) -> list[Row]:
+    rows = []
+    for case in cases:
+      print(f"fault_sweep: issue 65, {case}...", flush=True)
+      rows += getattr(self, f"case_{case}")()
+    return rows
+
+  # 1. An evaluation's files of step A read with those of step B.
+  def case_stale(self) -> list[Row]:
+    decoded, first = self.decoded()
+    name = "#65 stale: eval at A decoded, at B not"
+    if first.returncode != 0:
+      return [Row(name, "B's files alone", f"eval at A exit {first.returncode}",
+                  first.returncode, _error_line(first.stderr))]
+    model_dir = self._copy(decoded, "stale")
+    trained = _run_quiet(train_args(model_dir, STEP_B))
+    second = _run_quiet(eval_args(model_dir)) if trained.returncode == 0 else trained
+    if second.returncode != 0:
+      return [Row(name, "B's files alone", f"exit {second.returncode} at B",
+                  second.returncode, _error_line(second.stderr))]
+    eval_dir = next(p for p in (model_dir / "eval").iterdir() if p.is_dir())  # eval/<task>
+    problems = stale_set(eval_dir, STEP_B)
+    read = _read_items(eval_dir, "model_average")
+    if read.get("decoded"):
+      problems.insert(0, "read_items paired A's predictions with B's statistics")
+    elif "refused" in read and "\n" in read["refused"].strip():
+      problems.insert(0, "read_items refused in more than one line")
+    observed = "B's files alone" if not problems else "; ".join(problems[:4]) + (
+        f" (+{len(problems) - 4} more)" if len(problems) > 4 else "")
+    return [Row(name, "B's files alone", observed, second.returncode,
+                read.get("refused", read.get("error", "")).split("\n")[0][:160])]
+
+  # 2. A predictive method that does not fit the run.
+  def case_method(self) -> list[Row]:
+    rows = []
+    for method in ("ivon", "deterministic"):
+      model_dir = self._copy(self.run(), f"method-{method}")
+      before = _listing(model_dir)
+      result = _run_quiet(eval_args(model_dir) + [
+          f"--gin.evaluation.PredictiveConfig.method='{method}'"])
+      line = _error_line(result.stderr)
+      names_fitting = re.search(r"\bbayesian\b", _whole_error_line(result.stderr)) is not None
+      if result.returncode == 1 and _one_line(result.stderr) and names_fitting:
+        observed = "one-line error naming the methods that apply"
+      elif result.returncode == 1 and _one_line(result.stderr):
+        observed = "one-line error, no method that applies named"
+      else:
+        observed = f"exit {result.returncode}" + ("" if _one_line(result.stderr)
+                                                  else ", traceback")
+      written = "none" if _listing(model_dir) == before else "files created in MODEL_DIR"
+      rows.append(Row(f"#65 method '{method}' on the Bayesian run",
+                      "one-line error naming the methods that apply", observed,
+                      result.returncode, line if result.returncode else "", written))
+    decoded, result = self.decoded()
+    metrics_files = sorted((decoded / "eval").glob("*/metrics.json"))
+    has_method = bool(metrics_files) and "method" in json.loads(metrics_files[0].read_text(),
+                                                                parse_constant=float)
+    rows.append(Row("#65 metrics.json names its method", "has 'method'",
+                    "has 'method'" if has_method else "no 'method' key" if metrics_files
+                    else "no metrics.json", result.returncode,
+                    _error_line(result.stderr) if result.returncode else ""))
+    return rows
+
+  # 3. compute.json naming a checkpoint that did not land.
+  def case_compute(self, kills: int = 3) -> list[Row]:
+    """kill -9 while a save is in flight: as soon as compute.json names the step being
+    saved, or when that save lands, whichever comes first."""
+    model_dir = _fresh(self.out / "i65-compute")
+    steps, rows, violations, in_flight = 10**6, [], 0, 0
+    for attempt in range(1, kills + 1):
+      process = subprocess.Popen(train_args(model_dir, steps), stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+      saving = _kill_during_save(process, model_dir, after=max(landed_steps(model_dir),
+                                                               default=0))
+      process.wait(timeout=600)
+      bad = compute_violations(model_dir)
+      violations += bool(bad)
+      in_flight += saving is not None
+      rows.append(Row(f"#65 compute.json: kill -9 {attempt} during the save of step {saving}",
+                      "killed", "killed" if process.returncode == -signal.SIGKILL else
+                      f"exit {process.returncode}", process.returncode, "",
+                      _unreadable(model_dir) if not bad else
+                      f"compute.json: last_step {bad} never landed"))
+    rows.append(Row("#65 compute.json after kill -9 during saves", "0 violations",
+                    f"{violations} violations" + ("" if in_flight == kills else
+                                                  f" ({kills - in_flight} kills not in a save)"),
+                    None, ""))
+    return rows
+
+  # 4. Two infers to the same output at once.
+  def case_infer(self, num_lines: int = 2000) -> list[Row]:
+    """The first infer is stopped (SIGSTOP) once its progress bar shows a batch done, so
+    that it holds the output, alive, for as long as the second runs; then it goes on."""
+    model_dir = self.run()
+    big, small = self.out / "i65-infer-big.txt", self.out / "i65-infer-small.txt"
+    rng = random.Random(65)
+    big.write_text("".join(" ".join(str(rng.randint(2, 30)) for _ in range(rng.randint(4, 8)))
+                           + "\n" for _ in range(num_lines)))
+    small.write_text("5 6 7 8\n9 10 11\n")
+    output = _fresh(self.out / "i65-infer-out.txt")
+    _fresh(Path(str(output) + ".scores.jsonl"))
+    command = [a for a in infer_args(model_dir) if not a.startswith("--gin.INPUT_FILE=")]
+    first = subprocess.Popen(command + [f"--gin.INPUT_FILE='{big}'",
+                                        f"--gin.OUTPUT_FILE='{output}'"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    progress = _Progress(first)
+    progress.wait_for_first_batch()
+    overlapped = first.poll() is None
+    if overlapped:
+      first.send_signal(signal.SIGSTOP)
+    try:
+      second = _run_quiet(command + [f"--gin.INPUT_FILE='{small}'",
+                                     f"--gin.OUTPUT_FILE='{output}'"])
+    finally:
+      if overlapped:
+        first.send_signal(signal.SIGCONT)
+    first.wait(timeout=1800)
+    progress.join()
+    expected = "second: one-line error; first: exit 0, text and scores agree"
+    problems = infer_pairing(output, num_lines)
+    refused = second.returncode not in (0, None) and _one_line(second.stderr)
+    if not overlapped:
+      observed = "not overlapped (the first finished before its first progress line)"
+    else:
+      observed = ("second: one-line error" if refused else f"second: exit {second.returncode}"
+                  ) + f"; first: exit {first.returncode}, " + (
+                      "text and scores agree" if not problems else "; ".join(problems))
+    return [Row("#65 two infers to one output at once", expected, observed, second.returncode,
+                _error_line(second.stderr) if second.returncode else "")]
+
+  # 5. Strict JSON.
+  def case_strict(self) -> list[Row]:
+    decoded, result = self.decoded()
+    output = _fresh(self.out / "i65-strict-out.txt")
+    inputs = _inputs(decoded)
+    inputs.write_text("5 6 7 8\n9 10 11\n")
+    infer = _run_quiet(infer_args(decoded) + [f"--gin.OUTPUT_FILE='{output}'"])
+    paths = sorted(p for p in decoded.rglob("*") if p.is_file() and p.suffix in (".json",
+                                                                                 ".jsonl"))
+    paths += sorted(p for p in output.parent.glob(output.name + "*")
+                    if p.suffix in (".json", ".jsonl"))
+    problems = strict_json_problems(paths)
+    observed = (f"{len(paths)} files strict" if not problems else
+                f"{len(problems)} of {len(paths)} files not strict: " + "; ".join(problems[:3]))
+    failed = next((r for r in (result, infer) if r.returncode != 0), None)
+    return [Row("#65 strict JSON of a run, its eval and infer", f"{len(paths)} files strict",
+                observed if failed is None else f"exit {failed.returncode}",
+                failed.returncode if failed else 0,
+                _error_line(failed.stderr) if failed else "")]
+
+  # 6. Error lines that should say what to do.
+  def case_frictions(self) -> list[Row]:
+    run = self.run()
+    no_checkpoint = _fresh(self.out / "i65-no-checkpoint")
+    (no_checkpoint / "checkpoints").mkdir(parents=True)
+    shutil.copy(run / "config.gin", no_checkpoint / "config.gin")
+    corrupt = self._copy(run, "corrupt")
+    _flip_array_bytes(corrupt)
+    checks = (
+        ("#65 eval --gin.evalute.checkpoint_step=3", self._copy(run, "typo"),
+         eval_args, ("--gin.evalute.checkpoint_step=3",),
+         lambda line: "did you mean" in line and "evaluate" in line, "'did you mean evaluate'"),
+        ("#65 eval: a renamed setting, unquoted (evaluate.output_dir=runs/x)",
+         self._copy(run, "renamed"), eval_args, ("--gin.evaluate.output_dir=runs/x",),
+         lambda line: "ReportConfig.output_dir" in line and "quote" in line.lower(),
+         "names the new name and the quotes"),
+        ("#65 eval of a run with no checkpoint", no_checkpoint, eval_args, (),
+         lambda line: "make demo" in line or "meshbayes.train" in line,
+         "names how to get one"),
+        ("#65 train on a corrupt newest checkpoint", corrupt,
+         lambda d: train_args(d, STEP_A + CHECKPOINT_PERIOD), (),
+         lambda line: "fallback_on_corrupt" in line, "names fallback_on_corrupt"),
+    )
+    rows = []
+    for name, model_dir, args, bindings, says, expected in checks:
+      result = _run_quiet(args(model_dir) + list(bindings))
+      line = _error_line(result.stderr)
+      one = result.returncode not in (0, None) and _one_line(result.stderr)
+      observed = (f"one-line error, {expected}" if one and says(_whole_error_line(result.stderr))
+                  else
+                  "one-line error, not saying it" if one else f"exit {result.returncode}")
+      rows.append(Row(name, f"one-line error, {expected}", observed, result.returncode, line))
+    rows.append(self._logs_bounded())
+    return rows
+
+  def _logs_bounded(self) -> Row:
+    """``FAILING_COMMANDS`` failing evaluations (two at a time: no lock between them) of a
+    checkpoint the run lacks: its logs/ must not keep a traceback of each."""
+    model_dir = self._copy(self.run(), "logs")
+    command = eval_args(model_dir) + ["--gin.evaluate.checkpoint_step=3"]
+    codes = []
+    for start in range(0, FAILING_COMMANDS, 2):
+      pair = [subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+              for _ in range(min(2, FAILING_COMMANDS - start))]
+      codes += [process.wait(timeout=600) for process in pair]
+    logs = list((model_dir / "logs").glob("*")) if (model_dir / "logs").is_dir() else []
+    failed = sum(code != 0 for code in codes)
+    expected = f"fewer than {FAILING_COMMANDS} log files"
+    observed = (expected if len(logs) < FAILING_COMMANDS else f"{len(logs)} log files"
+                ) if failed == FAILING_COMMANDS else f"{FAILING_COMMANDS - failed} did not fail"
+    return Row(f"#65 {FAILING_COMMANDS} failing commands: MODEL_DIR/logs bounded", expected,
+               observed, None, f"{len(logs)} files in logs/ after {failed} failures")
+
+
+def _read_items(eval_dir: Path, predictive: str) -> dict[str, object]:
+  """``read_items(eval_dir, predictive)`` of the code under test, in a child process:
+  ``{'decoded': bool}``, ``{'refused': its error}`` or ``{'error': ...}``."""
+  code = ("import json, sys\n"
+          "from meshbayes.evaluation.items import read_items\n"
+          "try:\n"
+          "  items = read_items(sys.argv[1], sys.argv[2])\n"
+          "except Exception as error:\n"
+          "  print(json.dumps({'refused': f'{type(error).__name__}: {error}'}))\n"
+          "else:\n"
+          "  print(json.dumps({'decoded': items.decoded}))\n")
+  result = _run_quiet([sys.executable, "-c", code, str(eval_dir), predictive], timeout=300)
+  lines = result.stdout.strip().splitlines()
+  return json.loads(lines[-1]) if result.returncode == 0 and lines else {
+      "error": _error_line(result.stderr)}
+
+
+def _kill_during_save(process: subprocess.Popen, model_dir: Path, after: int) -> int | None:
+  """Waits for a save of a step above ``after`` to start (its temporary directory), then
+  kills ``process`` with SIGKILL once compute.json names that step or the save lands;
+  returns the step (None: the process ended first, or no save was seen in 10 minutes)."""
+  deadline, step = time.monotonic() + 600, None
+  while process.poll() is None and time.monotonic() < deadline:
+    if step is None:
+      found = [int(m.group(1)) for p in (model_dir / "checkpoints").glob("*.orbax-checkpoint-tmp*")
+               if (m := re.match(r"(\d+)\.", p.name))]
+      step = next((s for s in sorted(found) if s > after), None)
+    if step is not None:
+      recorded = _recorded_last_step(model_dir)
+      if recorded == step or step in landed_steps(model_dir):
+        process.kill()
+        return step
+    time.sleep(0.002)
+  if process.poll() is None:
+    process.kill()
+  return None
+
+
+def _recorded_last_step(model_dir: Path) -> int | None:
+  try:
+    return json.loads((model_dir / "compute.json").read_text())[-1]["last_step"]
+  except (OSError, ValueError, IndexError, KeyError):
+    return None  # not written yet, or being replaced
+
+
+class _Progress:
+  """Reads a child's stderr (tqdm progress, carriage returns) as it comes."""
+
+  _DONE = re.compile(r"\|\s*[1-9]\d*/\d+ \[")
+
+  def __init__(self, process: subprocess.Popen):
+    self.text, self._seen = "", threading.Event()
+    self._thread = threading.Thread(target=self._read, args=(process.stderr,), daemon=True)
+    self._thread.start()
+
+  def _read(self, stream) -> None:
+    while chunk := stream.read1(4096) if hasattr(stream, "read1") else stream.read(4096):
+      self.text += chunk.decode(errors="replace")
+      if self._DONE.search(self.text[-4096:]):
+        self._seen.set()
+    self._seen.set()  # ended: nothing more to wait for
+
+  def wait_for_first_batch(self) -> None:
+    """Until a progress line says a batch is done (or the process ended)."""
+    self._seen.wait(timeout=900)
+
+  def join(self) -> None:
+    self._thread.join(timeout=60)
+
+
 def markdown(rows: Sequence[Row]) -> str:
   lines = ["| case | expected | observed | exit | first line of the error | damage |",
            "|---|---|---|---|---|---|"]
@@ -450,23 +911,28 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--sigints", type=int, default=2)
   parser.add_argument("--steps", type=int, default=200)
   parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--sections", default=",".join(SECTIONS))
+  # --cases alone: only those of issue 65.
+  parser.add_argument("--sections")
+  parser.add_argument("--cases", help=f"some of {','.join(ISSUE65_CASES)} (section issue65)")
   parser.add_argument("--markdown", type=Path)
   args = parser.parse_args(argv)
-  sections = args.sections.split(",")
-  unknown = sorted(set(sections) - set(SECTIONS))
-  if unknown or args.steps < 2 * CHECKPOINT_PERIOD:
+  sections = (args.sections or ("issue65" if args.cases else ",".join(SECTIONS))).split(",")
+  cases = (args.cases or ",".join(ISSUE65_CASES)).split(",")
+  if set(sections) - set(SECTIONS) or args.steps < 2 * CHECKPOINT_PERIOD:
     parser.error(f"--sections={args.sections!r} must name some of {SECTIONS} and --steps="
                  f"{args.steps} must be >= {2 * CHECKPOINT_PERIOD}")
+  if set(cases) - set(ISSUE65_CASES):
+    parser.error(f"--cases={args.cases!r} must name some of {', '.join(ISSUE65_CASES)}")
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   out = args.out.resolve()
   out.mkdir(parents=True, exist_ok=True)
   rng = random.Random(args.seed)
   reference = out / "reference"
-  shutil.rmtree(reference, ignore_errors=True)
-  print(f"fault_sweep: the uninterrupted reference run ({args.steps} steps)...", flush=True)
-  run_seconds = reference_run(reference, args.steps)
-  print(f"fault_sweep: {run_seconds:.1f} s uninterrupted", flush=True)
+  if set(sections) - {"issue65"}:  # the issue's cases train their own tiny run
+    shutil.rmtree(reference, ignore_errors=True)
+    print(f"fault_sweep: the uninterrupted reference run ({args.steps} steps)...", flush=True)
+    run_seconds = reference_run(reference, args.steps)
+    print(f"fault_sweep: {run_seconds:.1f} s uninterrupted", flush=True)
   rows: list[Row] = []
   plan = {"kill": [("kill -9", args.kills, signal.SIGKILL, -signal.SIGKILL)],
           "signal": [("SIGTERM", args.sigterms, signal.SIGTERM, 143),
@@ -475,6 +941,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if section == "bad_input":
       print("fault_sweep: bad inputs...", flush=True)
       rows += bad_inputs(out, reference, args.steps)
+      continue
+    if section == "issue65":
+      rows += Issue65(out).rows(cases)
       continue
     for name, count, signum, code in plan[section]:
       if count:
