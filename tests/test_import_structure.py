@@ -248,6 +248,32 @@ def test_imports_form_no_cycle(counted):
   assert not cycles, f"import cycles ({' or '.join(counted)}): " + "; ".join(described)
 
 
+def _package(name: str) -> str:
+  """The package of the project that holds module ``name`` (``meshbayes.training`` for
+  ``meshbayes.training.trainer``); a module of the root is its own."""
+  return ".".join(name.split(".")[:2])
+
+
+@pytest.mark.parametrize("counted", [(AT_IMPORT,), (AT_IMPORT, IN_FUNCTION)],
+                         ids=["module_level", "deferred_included"])
+def test_packages_form_no_cycle(counted):
+  """Modules may form no cycle and packages still may (training.trainer importing
+  evaluation.teacher_forced while evaluation.driver imports training.checkpoint_restore):
+  then neither package can be understood, tested or moved without the other."""
+  graph: dict[str, set[str]] = {}
+  where = {}
+  for found in project_imports():
+    importer, imported = _package(found.importer), _package(found.imported)
+    if found.when in counted and importer != imported:
+      graph.setdefault(importer, set()).add(imported)
+      graph.setdefault(imported, set())
+      where.setdefault((importer, imported), f"{found.importer} imports {found.imported}")
+  cycles = find_cycles(graph)
+  described = [" -> ".join(f"{a} ({where[a, b]})" for a, b in zip(cycle, cycle[1:]))
+               + f" -> {cycle[-1]}" for cycle in cycles]
+  assert not cycles, f"package cycles ({' or '.join(counted)}): " + "; ".join(described)
+
+
 def _within(name: str, packages) -> bool:
   return any(name == p or name.startswith(p + ".") for p in packages)
 

@@ -300,7 +300,7 @@ def validation(steps: Any, params: Any, arrays: dict[str, np.ndarray], lengths: 
   validation split: its teacher-forced NLL and accuracy per token."""
   import jax
 
-  from meshbayes.evaluation.teacher_forced import teacher_forced_metrics
+  from meshbayes.training.teacher_forced import teacher_forced_metrics
 
   pairs = features(padded(arrays["validation_inputs"], lengths["inputs"]),
                    padded(arrays["validation_targets"], lengths["targets"]))

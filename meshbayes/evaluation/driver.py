@@ -28,7 +28,7 @@ from meshbayes.data.text_lines import in_batches
 from meshbayes.evaluation import items, methods, ood, phases, predictives, resumable, writer
 from meshbayes.evaluation.settings import DecodeConfig, OodConfig, PredictiveConfig, ReportConfig
 from meshbayes.evaluation.sources import Sources, group_sources
-from meshbayes.evaluation.teacher_forced import teacher_forced_metrics
+from meshbayes.training.teacher_forced import teacher_forced_metrics
 from meshbayes.layers import as_posterior, holds_posterior
 from meshbayes.metrics import measures, token_labels
 from meshbayes.models.base import BaseModel

@@ -26,7 +26,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
 from meshbayes.data.pipeline import TaskData, vocabulary_fingerprint
-from meshbayes.evaluation.teacher_forced import teacher_forced_metrics
+from meshbayes.training.teacher_forced import teacher_forced_metrics
 from meshbayes.field_checks import positive_int
 from meshbayes.layers import moped_params
 from meshbayes.runtime import strict_json
