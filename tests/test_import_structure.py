@@ -346,3 +346,11 @@ class K:
                    ("p.b", 13, AT_IMPORT, ())]
   # In a package's __init__, `.` is the package itself.
   assert [i.imported for i in imports_of("p.sub", "from . import c", known, True)] == ["p.sub.c"]
+
+
+def test_the_old_path_of_teacher_forced_gives_the_moved_function_with_a_warning():
+  from meshbayes.training import teacher_forced
+
+  with pytest.warns(DeprecationWarning, match="moved to meshbayes.training.teacher_forced"):
+    from meshbayes.evaluation.teacher_forced import teacher_forced_metrics
+  assert teacher_forced_metrics is teacher_forced.teacher_forced_metrics
