@@ -24,17 +24,15 @@ import dataclasses
 import difflib
 import math
 import os
-import tokenize
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from etils import epath
-from gin import config_parser
 
 from meshbayes.evaluation import laplace
 from meshbayes.layers import Ensemble, MCDropout, holds_posterior
 from meshbayes.models.base import BaseModel
-from meshbayes.runtime.gin_preflight import TRAINED_CONFIG
+from meshbayes.runtime import gin_preflight
 from meshbayes.training.optimizers import IVON_META
 
 # The training recipes runs come from (gin_configs/uncertainty/<recipe>.gin): the three
@@ -382,23 +380,6 @@ def _instead(usable: Sequence[str]) -> str:
   return f"use {'one of ' if len(usable) > 1 else ''}{', '.join(usable)} or leave method unset"
 
 
-@dataclasses.dataclass(frozen=True)
-class _Reference:
-  """A ``@configurable`` or ``%MACRO`` in gin text read without its configurables."""
-  name: str
-  macro: bool
-
-
-class _Literals(config_parser.ParserDelegate):
-  """Lets gin's parser read a file without importing or binding anything."""
-
-  def configurable_reference(self, scoped_configurable_name: str, evaluate: bool) -> _Reference:
-    return _Reference(scoped_configurable_name, macro=False)
-
-  def macro(self, macro_name: str) -> _Reference:
-    return _Reference(macro_name, macro=True)
-
-
 def _trained_bindings(model_dir: str | os.PathLike) -> dict[tuple[str, str], Any] | None:
   """The unscoped bindings of the run's ``config.gin`` by (configurable, parameter), the
   last of each, a macro replaced by its value; None without a readable file. The file is
@@ -410,14 +391,8 @@ def _trained_bindings(model_dir: str | os.PathLike) -> dict[tuple[str, str], Any
     path = path.parent
   if path.name == "checkpoints":
     path = path.parent
+  config = path / gin_preflight.TRAINED_CONFIG
   try:
-    statements = list(config_parser.ConfigParser((path / TRAINED_CONFIG).read_text(),
-                                                 _Literals()))
-  except (OSError, SyntaxError, ValueError, tokenize.TokenError):  # unreadable: no record
+    return gin_preflight.bound_values(config.read_text(), str(config))
+  except (OSError, ValueError):  # unreadable: no record
     return None
-  bindings = [s for s in statements
-              if isinstance(s, config_parser.BindingStatement) and not s.scope]
-  macros = {s.selector: s.value for s in bindings if not s.arg_name}
-  value = lambda v: macros.get(v.name, v) if isinstance(v, _Reference) and v.macro else v
-  return {(s.selector.rsplit(".", 1)[-1], s.arg_name): value(s.value)
-          for s in bindings if s.arg_name}

@@ -470,6 +470,25 @@ def _statement_text(lines: list[str]) -> str:
   return "".join(lines)
 
 
+def bound_values(text: str, where: str = TRAINED_CONFIG) -> dict[tuple[str, str], Any]:
+  """The values ``text``'s unscoped bindings give, by ``(configurable's last name,
+  parameter)``, the last binding of each winning; a ``%MACRO`` value is the macro's own
+  (None when the text sets none), a ``@configurable`` stays a reference. Nothing is
+  imported or bound.
+
+  Raises:
+    ValueError: the text does not parse (one line naming ``where``).
+  """
+  bindings = [b for b in _bindings(_parse(text, where), where) if not b.scope]
+
+  def value(bound: Any) -> Any:
+    is_macro = isinstance(bound, _Reference) and bound.kind == "%"
+    return _macro_value(bindings, bound.name) if is_macro else bound
+
+  return {(b.selector.rsplit(".", 1)[-1], b.param): value(b.value)
+          for b in bindings if not b.is_macro}
+
+
 def _trained_model(model_dir: Any) -> tuple[str, str]:
   """``(path, model bindings)`` of ``MODEL_DIR/config.gin``, or ``('', '')`` without one."""
   if not isinstance(model_dir, str) or not model_dir:
