@@ -39,7 +39,7 @@ class LockHeldError(OSError):
     self.holder, self.path = holder, path
 
 
-def _process_start(pid: int) -> str | None:
+def process_start_ticks(pid: int) -> str | None:
   """The process's start time in clock ticks since boot (Linux), None where unknown."""
   try:
     stat = epath.Path(f"/proc/{pid}/stat").read_text()
@@ -55,7 +55,7 @@ def _process_is_alive(pid: int, start: str | None) -> bool:
     return False
   except PermissionError:  # another user's process: alive
     pass
-  return start is None or _process_start(pid) in (None, start)
+  return start is None or process_start_ticks(pid) in (None, start)
 
 
 def _is_local(path: epath.Path) -> bool:
@@ -98,7 +98,7 @@ class RunLock:
       OSError: the lock file keeps changing.
     """
     pid = os.getpid()
-    self._holder = {"host": socket.gethostname(), "pid": pid, "pid_start": _process_start(pid),
+    self._holder = {"host": socket.gethostname(), "pid": pid, "pid_start": process_start_ticks(pid),
                     "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "token": uuid.uuid4().hex,
                     "heartbeat": time.time()}
     note = None

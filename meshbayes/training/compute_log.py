@@ -25,7 +25,7 @@ import time
 
 from etils import epath
 
-from meshbayes.runtime import strict_json
+from meshbayes.runtime import run_lock, strict_json
 from meshbayes.runtime.atomic_files import write_text_atomically
 
 COMPUTE_FILE = "compute.json"
@@ -45,14 +45,8 @@ def _process_start() -> float | None:
   early); None where ``/proc`` cannot say (not Linux)."""
   if not hasattr(time, "CLOCK_BOOTTIME"):
     return None
-  try:
-    with open("/proc/self/stat", encoding="ascii", errors="replace") as stat:
-      fields = stat.read()
-    # Field 22, starttime, in clock ticks after boot; fields 3 on follow the name's ')'.
-    ticks = int(fields[fields.rindex(")") + 2:].split()[19])
-    return ticks / os.sysconf("SC_CLK_TCK")
-  except (OSError, ValueError, IndexError, AttributeError):
-    return None
+  ticks = run_lock.process_start_ticks(os.getpid())
+  return None if ticks is None else int(ticks) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclasses.dataclass
