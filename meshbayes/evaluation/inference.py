@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import os
 import socket
 import sys
@@ -30,12 +29,13 @@ from jax.experimental import multihost_utils
 
 from meshbayes.data.pipeline import TaskData, get_task
 from meshbayes.evaluation import predictives as predictive_eval
+from meshbayes.evaluation.manifest import checksum
 from meshbayes.field_checks import positive_int
 from meshbayes.layers import holds_posterior
 from meshbayes.models.base import BaseModel
 from meshbayes.partitioning import Partitioner
 from meshbayes.runtime import strict_json
-from meshbayes.runtime.atomic_files import same_file
+from meshbayes.runtime.atomic_files import same_file, write_files_atomically
 from meshbayes.runtime.run_lock import LockHeldError, RunLock
 from meshbayes.training.checkpoint_restore import restore_params
 from meshbayes.data.text_lines import (EncodedLines, encode_inputs, in_batches, read_lines,
@@ -109,35 +109,6 @@ def output_paths(output_file: str | os.PathLike) -> dict[str, epath.Path]:
                              for key, suffix in _SUFFIXES.items()}}
 
 
-def _checksum(data: bytes) -> str:
-  return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-def _is_local(path: epath.Path) -> bool:
-  return "://" not in os.fspath(path)
-
-
-def _write_whole(files: Sequence[tuple[epath.Path, bytes]]) -> None:
-  """Writes each ``(path, data)``: locally all beside their paths first, then renamed
-  into place in order (an interruption before the renames changes nothing); directly on
-  an object store (its writes are whole)."""
-  if not all(_is_local(path) for path, _ in files):
-    for path, data in files:
-      path.write_bytes(data)
-    return
-  partials = [(path.with_name(f"{path.name}.{os.getpid()}.tmp"), path, data)
-              for path, data in files]
-  try:
-    for partial, _, data in partials:
-      partial.write_bytes(data)
-    for partial, path, _ in partials:
-      os.replace(partial, path)
-  finally:
-    for partial, _, _ in partials:
-      with contextlib.suppress(FileNotFoundError):
-        os.unlink(partial)
-
-
 def write_outputs(output_file: str | os.PathLike, texts: Sequence[str],
                   scores: Sequence[Mapping[str, Any]], run: Mapping[str, Any]
                   ) -> dict[str, Any]:
@@ -155,14 +126,14 @@ def write_outputs(output_file: str | os.PathLike, texts: Sequence[str],
   paths = output_paths(output_file)
   text = "".join(line + "\n" for line in texts).encode("utf-8")
   scored = "".join(strict_json.dumps(dict(s)) + "\n" for s in scores).encode("utf-8")
-  _write_whole([(paths["text"], text), (paths["scores"], scored)])
+  write_files_atomically([(paths["text"], text), (paths["scores"], scored)])
   manifest = {"format": MANIFEST_FORMAT,
-              "text": {"file": paths["text"].name, "checksum": _checksum(text),
+              "text": {"file": paths["text"].name, "checksum": checksum(text),
                        "lines": len(texts)},
-              "scores": {"file": paths["scores"].name, "checksum": _checksum(scored)},
+              "scores": {"file": paths["scores"].name, "checksum": checksum(scored)},
               "run": dict(run), "written": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
               "host": socket.gethostname(), "pid": os.getpid()}
-  _write_whole([(paths["manifest"],
+  write_files_atomically([(paths["manifest"],
                  (strict_json.dumps(manifest, indent=2, default=str) + "\n").encode())])
   return manifest
 
@@ -202,9 +173,9 @@ def read_outputs(output_file: str | os.PathLike) -> Outputs:
     if data[key] is None:
       raise ValueError(f"{output_file}: {paths[key]} is missing, though its manifest "
                        f"{paths['manifest']} names it; run infer again")
-    if _checksum(data[key]) != expected[key]:
+    if checksum(data[key]) != expected[key]:
       raise ValueError(f"{output_file}: {paths[key]} is not the file its manifest "
-                       f"{paths['manifest']} names (checksum {_checksum(data[key])}, manifest "
+                       f"{paths['manifest']} names (checksum {checksum(data[key])}, manifest "
                        f"{expected[key]}): text and scores of different runs, or an interrupted "
                        "write; run infer again")
   texts = data["text"].decode("utf-8").split("\n")[:-1]
@@ -323,7 +294,7 @@ def infer(*, model_dir: str, model: BaseModel, data: TaskData, input_file: str,
   encoded = encode_inputs(read_lines(input_file),
                           get_task(data.task).output_features["inputs"].vocabulary, length,
                           source=str(input_file))
-  input_checksum = _checksum(epath.Path(input_file).read_bytes())
+  input_checksum = checksum(epath.Path(input_file).read_bytes())
   partitioner = partitioner or Partitioner()
   try:  # before any work: decoding places BATCH_SIZE rows over the mesh's batch axes
     partitioner.data_layout(data.batch_size)

@@ -7,24 +7,38 @@ object store's writes are whole).
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Sequence
 
 from etils import epath
 
 
 def write_text_atomically(path: str | os.PathLike, text: str) -> None:
   """Writes ``text`` to ``path`` whole or not at all (a local rename)."""
-  path = epath.Path(path)
-  if "://" in os.fspath(path):
-    path.write_text(text)
+  write_files_atomically([(path, text.encode("utf-8"))])
+
+
+def write_files_atomically(files: Sequence[tuple[str | os.PathLike, bytes]]) -> None:
+  """Writes each ``(path, data)`` whole: locally all beside their paths first, then renamed
+  into place in order (interrupted before the renames, nothing changed); on an object
+  store directly (its writes are whole)."""
+  files = [(epath.Path(path), data) for path, data in files]
+  if any("://" in os.fspath(path) for path, _ in files):
+    for path, data in files:
+      path.write_bytes(data)
     return
-  partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+  partials = [(path.with_name(f"{path.name}.{os.getpid()}.tmp"), path, data)
+              for path, data in files]
   try:
-    partial.write_text(text)
-    partial.replace(path)
+    for partial, _, data in partials:
+      partial.write_bytes(data)
+    for partial, path, _ in partials:
+      os.replace(partial, path)
   finally:
-    if partial.exists():
-      partial.unlink()
+    for partial, _, _ in partials:
+      with contextlib.suppress(FileNotFoundError):
+        os.unlink(partial)
 
 
 def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
