@@ -5,15 +5,14 @@
 An evaluation started again with the same fingerprint takes those batches
 (``decode_and_score``'s ``done``) and gives the uninterrupted result; another fingerprint
 starts afresh. ``OUT/partial/`` is removed once the results are written. The lines are
-strict JSON; a non-finite number is saved as its name (``"nan"``, ``"-inf"``) and read back
-as the number, so a resumed result equals the uninterrupted one.
+strict JSON; a non-finite number is saved as null with its reason and read back as the
+number (``strict_json.restore``), so a resumed result equals the uninterrupted one.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,29 +24,11 @@ from meshbayes.runtime import strict_json
 PARTIAL_DIR = "partial"
 
 
-def _saved(tree: Any) -> Any:
-  """``tree`` with each non-finite float as its name (strict JSON keeps no NaN)."""
-  if isinstance(tree, dict):
-    return {k: _saved(v) for k, v in tree.items()}
-  if isinstance(tree, (list, tuple)):
-    return [_saved(v) for v in tree]
-  if isinstance(tree, float) and not math.isfinite(tree):
-    return str(tree)
-  return tree
-
-
-def _number(value: float | str) -> float:
-  return float(value) if isinstance(value, str) else value
-
-
 def _as_record(row: Mapping[str, Any]) -> Decoded:
   return Decoded(
-      tuple(row["output_ids"]), _number(row["log_prob"]), row["num_tokens"],
-      _number(row["entropy"]), _number(row["mutual_information"]),
-      {k: _number(v) for k, v in row["measures"].items()},
-      tuple(map(_number, row["token_log_probs"])),
-      tuple(tuple(sample) for sample in row["samples"]),
-      tuple(map(_number, row["sample_log_probs"])))
+      tuple(row["output_ids"]), row["log_prob"], row["num_tokens"], row["entropy"],
+      row["mutual_information"], dict(row["measures"]), tuple(row["token_log_probs"]),
+      tuple(tuple(sample) for sample in row["samples"]), tuple(row["sample_log_probs"]))
 
 
 class DecodeLog:
@@ -67,7 +48,7 @@ class DecodeLog:
       if lines and lines[0] == self._header:
         for index, line in enumerate(lines[1:]):
           try:
-            row = json.loads(line)
+            row = strict_json.restore(json.loads(line))
           except json.JSONDecodeError:  # the last line, cut short by the interruption
             break
           if row["batch"] != index:
@@ -80,8 +61,8 @@ class DecodeLog:
 
   @staticmethod
   def _line(index: int, records: list[Decoded]) -> str:
-    return strict_json.dumps(_saved({"batch": index,
-                                     "records": [dataclasses.asdict(r) for r in records]}))
+    return strict_json.dumps({"batch": index, "records": [dataclasses.asdict(r) for r in records]},
+                             null_reasons=strict_json.NULL_REASONS)
 
   def save(self, index: int, records: list[Decoded]) -> None:
     """Appends batch ``index``'s records (``decode_and_score``'s ``on_batch``)."""
