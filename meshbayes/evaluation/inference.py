@@ -22,10 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
 import tqdm
 from etils import epath
-from jax.experimental import multihost_utils
 
 from meshbayes.data.pipeline import TaskData, get_task
 from meshbayes.evaluation import predictives as predictive_eval
@@ -36,7 +34,7 @@ from meshbayes.models.base import BaseModel
 from meshbayes.partitioning import Partitioner
 from meshbayes.runtime import strict_json
 from meshbayes.runtime.atomic_files import same_file, write_files_atomically
-from meshbayes.runtime.run_lock import LockHeldError, RunLock
+from meshbayes.runtime.run_lock import LockHeldError, RunLock, acquire_on_process_0
 from meshbayes.training.checkpoint_restore import restore_params
 from meshbayes.data.text_lines import (EncodedLines, encode_inputs, in_batches, read_lines,
                                   truncation_warning)
@@ -209,31 +207,6 @@ def lock_output(output_file: str | os.PathLike) -> tuple[RunLock, str | None]:
                        f"{error}") from None
 
 
-def _lock_on_writer(output_file: str, writer: bool) -> RunLock | None:
-  """The output's lock, taken by the writer (None on the other processes).
-
-  Raises:
-    RuntimeError: it is held (on every process, the others told by process 0).
-  """
-  lock, error = None, None
-  if writer:
-    try:
-      lock, note = lock_output(output_file)
-      if note:
-        print(f"infer: {note} ({output_paths(output_file)['lock']})", file=sys.stderr,
-              flush=True)
-    except RuntimeError as raised:
-      error = raised
-  if jax.process_count() > 1:
-    failed = bool(multihost_utils.broadcast_one_to_all(np.int32(error is not None)))
-    if failed and error is None:
-      raise RuntimeError(f"infer: process 0 could not lock OUTPUT_FILE {output_file}; see "
-                         "its error")
-  if error is not None:
-    raise error
-  return lock
-
-
 def infer(*, model_dir: str, model: BaseModel, data: TaskData, input_file: str,
           output_file: str, partitioner: Partitioner | None = None,
           checkpoint_step: int | None = None, decode_method: str = "beam", beam_size: int = 4,
@@ -302,7 +275,11 @@ def infer(*, model_dir: str, model: BaseModel, data: TaskData, input_file: str,
     raise ValueError(f"infer: BATCH_SIZE={data.batch_size}: {error}") from None
   if writer:
     paths["text"].parent.mkdir(parents=True, exist_ok=True)
-  lock = _lock_on_writer(str(output_file), writer)  # before the restore: a second run stops now
+  # Before the restore: a second run stops now.
+  lock = acquire_on_process_0(
+      lambda: lock_output(output_file),
+      lambda note: print(f"infer: {note} ({paths['lock']})", file=sys.stderr, flush=True),
+      f"infer: process 0 could not lock OUTPUT_FILE {output_file}; see its error")
   try:
     warning = truncation_warning(encoded.tokens_cut, str(input_file), length)
     if warning and writer:

@@ -17,8 +17,10 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 from etils import epath
 
 from meshbayes.runtime import strict_json
@@ -206,3 +208,39 @@ class RunLock:
           partial.replace(self.path)
         else:
           self.path.write_text(text)
+
+
+def acquire_on_process_0(acquire: Callable[[], tuple[RunLock, str | None]],
+                         say: Callable[[str], None], elsewhere: str) -> RunLock | None:
+  """Takes a lock on process 0 alone and tells every process whether it failed.
+
+  Args:
+    acquire: ``acquire() -> (the held lock, a note or None)``, run on process 0.
+    say: prints the note (a stale lock taken over).
+    elsewhere: the one line the other processes raise when process 0 failed.
+
+  Returns:
+    The held lock on process 0, None on the others.
+
+  Raises:
+    OSError, RuntimeError: process 0's own error there, ``elsewhere`` (an OSError) on
+      the others.
+  """
+  import jax  # pylint: disable=import-outside-toplevel  (the lock itself needs no device)
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
+  lock, error = None, None
+  if jax.process_index() == 0:
+    try:
+      lock, note = acquire()
+      if note:
+        say(note)
+    except (OSError, RuntimeError) as raised:
+      error = raised
+  if jax.process_count() > 1:
+    failed = bool(multihost_utils.broadcast_one_to_all(np.int32(error is not None)))
+    if failed and error is None:
+      raise OSError(elsewhere)
+  if error is not None:
+    raise error
+  return lock

@@ -22,7 +22,6 @@ import jax
 import numpy as np
 from etils import epath
 from flax import traverse_util
-from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
 from meshbayes.data.pipeline import TaskData, vocabulary_fingerprint
@@ -34,7 +33,7 @@ from meshbayes.runtime.atomic_files import write_text_atomically
 from meshbayes.runtime.console import say as _say  # private: not part of the trainer's interface
 from meshbayes.runtime.metrics_writer import MetricsWriter, ProgressBar
 from meshbayes.runtime.preemption import STOP_EXIT_CODES, STOP_SIGNALS
-from meshbayes.runtime.run_lock import RunLock
+from meshbayes.runtime import run_lock
 from meshbayes.training import checkpoints as checkpoints_lib
 from meshbayes.training import compute_log, early_stopping
 from meshbayes.training.host_input import HostBatches, HostInput
@@ -124,30 +123,6 @@ def _check_resume(saved_meta: dict[str, Any], step_dir: epath.Path, data: TaskDa
                      f"{saved_batch_size}, or start a new MODEL_DIR")
 
 
-def _lock_model_dir(model_dir: epath.Path) -> RunLock | None:
-  """The model directory's lock, taken by process 0 (None on the others).
-
-  Raises:
-    OSError: another run holds it (on every process, the others told by process 0).
-  """
-  lock, error = None, None
-  if jax.process_index() == 0:
-    lock = RunLock(model_dir)
-    try:
-      note = lock.acquire()
-      if note:
-        _say(note)
-    except OSError as raised:
-      error = raised
-  if jax.process_count() > 1:
-    failed = bool(multihost_utils.broadcast_one_to_all(np.int32(error is not None)))
-    if failed and error is None:
-      raise OSError(f"process 0 could not lock MODEL_DIR {model_dir}; see its error")
-  if error is not None:
-    raise error
-  return lock
-
-
 def _check_config(name: str, value: Any, kind: type) -> None:
   if not isinstance(value, kind):
     raise ValueError(f"train: {name}={value!r} must be a {kind.__name__} (bind "
@@ -199,7 +174,12 @@ def train(*, model_dir: str, model: BaseModel, data: TaskData, train_steps: int,
     STOP_SIGNALS.exit_at_once = True  # nothing to save until a step completes
     if STOP_SIGNALS.install():  # called in-process, not by meshbayes.train
       cleanup.callback(STOP_SIGNALS.uninstall)
-    lock = _lock_model_dir(model_dir)
+    def acquired():
+      held = run_lock.RunLock(model_dir)
+      return held, held.acquire()
+
+    lock = run_lock.acquire_on_process_0(
+        acquired, _say, f"process 0 could not lock MODEL_DIR {model_dir}; see its error")
     if lock is not None:
       cleanup.callback(lock.release)
       STOP_SIGNALS.at_quick_exit(lock.release)
