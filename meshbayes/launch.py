@@ -6,6 +6,8 @@ then among the installed presets ``gin_configs/`` (from any directory);
 are Python literals: a string needs quotes, ``--gin.MODEL_DIR="'runs/x'"``.
 ``meshbayes.eval`` and ``meshbayes.infer`` first apply the model's bindings of
 ``MODEL_DIR/config.gin`` (the training run's), which the command line overrides.
+Every configurable and its settings, with defaults: ``docs/configuration.md``, written by
+``python -m meshbayes.tools.config_reference``; every tool: ``python -m meshbayes.tools``.
 
 Multi-host runs (docs/multihost.md): ``--coordinator_address=HOST:PORT
 --num_processes=N --process_id=I``, or ``--multihost`` (JAX detects a TPU pod,
@@ -39,7 +41,8 @@ from meshbayes.runtime import distributed, gin_preflight
 
 USAGE = ("usage: python -m {prog} --gin_file=FILE [--gin_file=FILE ...] "
          "[--gin.NAME=VALUE ...] [--gin_search_paths=DIR,...] [--coordinator_address=HOST:PORT "
-         "--num_processes=N --process_id=I | --multihost] [--num_cpu_devices=N]")
+         "--num_processes=N --process_id=I | --multihost] [--num_cpu_devices=N] "
+         "[--heartbeat_timeout_seconds=S]")
 # Flag -> (field of DistributedOptions, parser of its value).
 _DISTRIBUTED_FLAGS = {"--coordinator_address": ("coordinator_address", str),
                       "--num_processes": ("num_processes", int),
@@ -281,6 +284,7 @@ def run(prog: str, entry_point: str, argv: Sequence[str] | None = None, *,
   argv = sys.argv[1:] if argv is None else list(argv)
   if any(a in ("-h", "--help") for a in argv):
     print(USAGE.format(prog=prog))
+    print(f"\nRuns the gin configurable {entry_point!r}, configured by the files and bindings.\n")
     print(__doc__.split("\n\n", 1)[1])
     return None
   model_dir = None

@@ -23,6 +23,7 @@ it loads (relative imports included).
 from __future__ import annotations
 
 import ast
+import sys
 import tomllib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -351,6 +352,7 @@ class K:
 def test_the_old_path_of_teacher_forced_gives_the_moved_function_with_a_warning():
   from meshbayes.training import teacher_forced
 
+  sys.modules.pop("meshbayes.evaluation.teacher_forced", None)  # it warns at first import
   with pytest.warns(DeprecationWarning, match="moved to meshbayes.training.teacher_forced"):
     from meshbayes.evaluation.teacher_forced import teacher_forced_metrics
   assert teacher_forced_metrics is teacher_forced.teacher_forced_metrics

@@ -7,7 +7,7 @@
   through ``strict_json``: every ``json.dump``/``json.dumps`` call passes
   ``allow_nan=False`` (``strict_json.py`` itself excepted).
 - The writers: the nulls a strict file lists are NaN again where the project reads its own
-  files back (``experiment_plan.read_json``, a run's ``metrics.jsonl``, the PlaNet tool's
+  files back (``experiments.plan.read_json``, a run's ``metrics.jsonl``, the PlaNet tool's
   runs); a scaling study's records and the examples' JSON say why a figure is null.
 """
 
@@ -24,7 +24,7 @@ import pytest
 
 from meshbayes.examples import lenet_digits
 from meshbayes.runtime import strict_json
-from meshbayes.tools import experiment_plan
+from meshbayes.experiments import plan as experiment_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE_FOLDERS = ("meshbayes", "tools", "models", "partitioning")

@@ -15,6 +15,7 @@ line: XLA's memory analysis and the compile seconds.
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
 import os
@@ -34,8 +35,29 @@ def strip_metadata(hlo_text: str) -> str:
   return "\n\n".join(b for b in blocks if b.split("\n", 1)[0] not in _FRAME_TABLES)
 
 
+def parse_args(argv: list[str]) -> dict:
+  """The request: one JSON object (``spec``, ``target_config``, ``compiler_options``, ``hlo``)."""
+  parser = argparse.ArgumentParser(prog="deviceless_compile.py",
+                                   description=__doc__.splitlines()[0],
+                                   formatter_class=argparse.RawDescriptionHelpFormatter,
+                                   epilog="\n".join(__doc__.splitlines()[2:]))
+  parser.add_argument("request", help="the JSON request: spec (scaling.aot.StepSpec's fields), "
+                      "target_config, compiler_options, hlo (the output's path)")
+  text = parser.parse_args(argv).request
+  try:
+    request = json.loads(text)
+  except ValueError as error:
+    parser.error(f"request={text[:80]!r} is not JSON: {error}")
+  missing = [key for key in ("spec", "target_config", "hlo")
+             if not isinstance(request, dict) or key not in request]
+  if missing:
+    parser.error(f"request={text[:80]!r} lacks {', '.join(missing)}: give a JSON object "
+                 "with spec, target_config and hlo")
+  return request
+
+
 def main(argv: list[str]) -> dict:
-  request = json.loads(argv[0])
+  request = parse_args(argv)
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   from jax.experimental import topologies
 

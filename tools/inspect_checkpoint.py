@@ -32,9 +32,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import numpy as np
 
-from meshbayes.layers.variational import posterior_part
 from meshbayes.training import checkpoint_integrity, checkpoints
-from meshbayes.training.optimizers import IVON_META
+from meshbayes.training.posterior_diagnostics import posterior_moments
 
 
 def _bytes(n: float) -> str:
@@ -49,30 +48,6 @@ def _incomplete(step_dir) -> str | None:
   missing = checkpoints.missing_parts(step_dir)
   return f"incomplete (no {', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})" \
       if missing else None
-
-
-def posterior_moments(saved: dict[str, np.ndarray], meta: dict[str, Any]
-                      ) -> tuple[str, dict[str, tuple[np.ndarray, np.ndarray]]]:
-  """A checkpoint's posterior: ``(description, {weight: (mean, stddev)})``, float64.
-
-  Of its Bayesian layers (``*_loc``, softplus of ``*_scale``), or of an IVON run's
-  optimizer state (the parameters and ``1/sqrt(ess (hessian + weight_decay))``);
-  empty for a deterministic run. ``saved`` is ``checkpoints.read_arrays``'s.
-  """
-  arrays = {k[len("params/"):]: v for k, v in saved.items() if k.startswith("params/")}
-  ivon = meta.get(IVON_META)
-  if ivon:  # the posterior is the optimizer's: stddev from its Hessian estimate
-    prefix = "opt_state/hessian/"
-    return (f"posterior standard deviation (IVON: 1/sqrt(ess * (hessian + weight_decay)), "
-            f"ess={ivon['ess']:.6g}, weight_decay={ivon['weight_decay']:.6g}) per weight:",
-            {k[len(prefix):]: (arrays[k[len(prefix):]].astype(np.float64), 1.0 / np.sqrt(
-                ivon["ess"] * (v.astype(np.float64) + ivon["weight_decay"])))
-             for k, v in saved.items() if k.startswith(prefix)})
-  return ("posterior standard deviation (softplus of *_scale) per weight:",
-          {name[:-len("_scale")]: (arrays[name[:-len("_scale")] + "_loc"].astype(np.float64),
-                                   np.logaddexp(0.0, v.astype(np.float64)))
-           for name, v in arrays.items()
-           if posterior_part(name.rsplit("/", 1)[-1]) is not None and name.endswith("_scale")})
 
 
 def list_steps(model_dir: str) -> str:

@@ -2,7 +2,7 @@
 
 What to look at before launching a pod job: each parameter and optimizer-state
 array with its logical axes, mesh axes, total and per-device bytes, and the
-per-device totals.
+per-device totals (``meshbayes.scaling.state_placements``).
 
   python -m meshbayes.tools.inspect_partitioning --model=mlp --mesh=2x4 --rules=megatron
   python -m meshbayes.tools.inspect_partitioning --model=base --mesh=2x4 --rules=fsdp_tp --optimizer=adafactor
@@ -21,22 +21,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import flax.linen as nn
-import jax
-import jax.numpy as jnp
-import optax
-
 from meshbayes import partitioning
-from meshbayes.models import MLP
-from meshbayes.models.configurables import PRESETS, preset_config
-from meshbayes.models.encoder_decoder import EncoderDecoderModel
+from meshbayes.models.configurables import PRESETS
+from meshbayes.scaling.state_placements import OPTIMIZERS, placement_table
 
 PROG = "meshbayes.tools.inspect_partitioning"
-OPTIMIZERS = {
-    "adamw": lambda: optax.adamw(1e-3),
-    "adafactor": lambda: optax.adafactor(1e-3),
-    "sgd": lambda: optax.sgd(1e-3, momentum=0.9),
-}
 
 
 def parse_mesh(text: str) -> tuple[int, int]:
@@ -46,22 +35,6 @@ def parse_mesh(text: str) -> tuple[int, int]:
   except ValueError:
     raise argparse.ArgumentTypeError(f"--mesh={text!r} must be DATAxMODEL, e.g. 2x4 or -1x2")
   return data, model
-
-
-def model_init(args: argparse.Namespace):
-  """A function from a PRNG key to the model's (boxed) parameters."""
-  if args.model == "mlp":
-    estimators = (("deterministic",) * 3 if args.deterministic
-                  else ("flipout", "local_reparameterization", "flipout"))
-    model = MLP(hidden_dims=(args.hidden, args.hidden), num_classes=args.classes,
-                estimators=estimators)
-    inputs = jnp.zeros((args.batch, args.input_dim), jnp.float32)
-    return lambda key: model.init(key, inputs)["params"]
-  model = EncoderDecoderModel(preset_config(args.model, deterministic=args.deterministic),
-                              num_train_units=1)
-  shapes = {name: (args.batch, args.length) for name in (
-      "encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens")}
-  return lambda key: model.get_initial_variables(key, shapes)["params"]
 
 
 def main(argv: Sequence[str] | None = None) -> str:
@@ -79,29 +52,12 @@ def main(argv: Sequence[str] | None = None) -> str:
   parser.add_argument("--length", type=int, default=16, help="sequence length (Transformers)")
   args = parser.parse_args(argv)
   try:
-    return _inspect(args)
+    table = placement_table(args.model, args.mesh, args.rules, args.optimizer,
+                            deterministic=args.deterministic, hidden=args.hidden,
+                            input_dim=args.input_dim, classes=args.classes, batch=args.batch,
+                            length=args.length)
   except ValueError as error:  # an indivisible dimension, a mesh the devices cannot hold, ...
     raise SystemExit(f"{PROG}: error: {error}") from None
-
-
-def _inspect(args: argparse.Namespace) -> str:
-  data, model_size = args.mesh
-  partitioning.simulate_cpu_devices(max(8, data * model_size))
-  devices = jax.devices()
-  if data != -1 and model_size != -1:
-    devices = devices[:data * model_size]
-  partitioner = partitioning.Partitioner(data=data, model=model_size, rules=args.rules,
-                                         devices=devices)
-  init_params = model_init(args)
-  optimizer = OPTIMIZERS[args.optimizer]()
-
-  def init_state(key):
-    params = init_params(key)
-    return {"params": params, "opt_state": optimizer.init(nn.unbox(params))}
-
-  abstract = jax.eval_shape(init_state, jax.random.key(0))
-  rows = partitioning.placements(partitioner, abstract)
-  table = partitioning.format_table(partitioner, rows)
   print(f"model {args.model} ({'deterministic' if args.deterministic else 'Bayesian'}), "
         f"rules {args.rules}, optimizer {args.optimizer}")
   print(table)

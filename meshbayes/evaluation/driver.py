@@ -3,7 +3,8 @@ uncertainty on a split, each figure with a bootstrap interval over the split's s
 
 ``evaluate`` restores the run's parameters from the latest (or a given) checkpoint in
 ``MODEL_DIR`` (local or ``gs://``) onto the partitioner's mesh, builds the predictive
-method's posterior (``evaluation.methods``), runs the passes (``evaluation.phases``) and
+method's posterior (``evaluation.methods``), runs the passes (``evaluation.phases``; a
+decoding's optional passes: ``evaluation.decode_passes``) and
 writes ``metrics.json``, reliability diagrams and each predictive's items, one set under its
 manifest replacing the previous set (``evaluation.writer``), and TensorBoard scalars to
 ``ReportConfig.output_dir`` (default ``MODEL_DIR/eval/<task>/``).
@@ -25,30 +26,29 @@ from jax.sharding import NamedSharding
 from meshbayes import metrics
 from meshbayes.data.pipeline import TaskData, get_task
 from meshbayes.data.text_lines import in_batches
-from meshbayes.evaluation import items, methods, ood, phases, predictives, resumable, writer
+from meshbayes.evaluation import (decode_passes, items, methods, ood, phases, predictives,
+                                  resumable, writer)
+from meshbayes.evaluation.context import EvalRun, restored
+from meshbayes.evaluation.decoding import Decoded, decode_and_score
 from meshbayes.evaluation.settings import DecodeConfig, OodConfig, PredictiveConfig, ReportConfig
 from meshbayes.evaluation.sources import Sources, group_sources
 from meshbayes.training.teacher_forced import teacher_forced_metrics
-from meshbayes.layers import as_posterior, holds_posterior
+from meshbayes.layers import as_posterior
 from meshbayes.metrics import measures, token_labels
 from meshbayes.models.base import BaseModel
 from meshbayes.partitioning import Partitioner
-from meshbayes.training.checkpoint_restore import as_trained, restore_params
 
 Predictive = predictives.Predictive
 
 
 @dataclasses.dataclass(frozen=True)
-class _Run:
-  """What every pass of one evaluation reads: the model and its posterior, the data, the
-  mesh, the key of samples, the passes' progress."""
+class _Settings:
+  """An evaluation's grouped settings, as ``evaluate`` takes them."""
 
-  model: BaseModel
-  params: Any
-  data: TaskData
-  partitioner: Partitioner
-  rng: jax.Array
-  progress: phases.EvalPhases
+  decoding: DecodeConfig
+  predictive: PredictiveConfig
+  ood_sets: OodConfig
+  report: ReportConfig
 
 
 def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
@@ -79,29 +79,21 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
   Returns:
     The metrics (also in ``metrics.json``).
   """
-  _check_settings(decoding=(decoding, DecodeConfig), predictive=(predictive, PredictiveConfig),
-                  ood_sets=(ood_sets, OodConfig), report=(report, ReportConfig))
-  if predictive.beam_measures and decoding.enabled and decoding.method != "beam":
-    raise ValueError(f"evaluate: PredictiveConfig.beam_measures=True needs "
-                     f"DecodeConfig.method='beam', not {decoding.method!r}")
-  if ood_sets.beam_sets and not (decoding.enabled and predictive.beam_measures):
-    raise ValueError(f"evaluate: OodConfig.beam_sets={list(ood_sets.beam_sets)} need the "
-                     "split decoded by beam search with PredictiveConfig.beam_measures=True")
+  settings = _checked(decoding, predictive, ood_sets, report)
   # The method checked against the run's metadata and config.gin before anything loads.
   method = methods.resolve_run(predictive.method_name, model, model_dir, checkpoint_step,
                                predictive.ensemble_dirs)
   partitioner = partitioner or Partitioner()
-  model, params, step = _restored(model_dir, model, data, partitioner, checkpoint_step,
-                                  predictive)
+  model, params, step = restored(model_dir, model, data, partitioner, checkpoint_step,
+                                 predictive)
   split = split or data.eval_split
-  variants = _variants(model, params, predictive.num_samples)
+  variants = predictives.variants(model, params, predictive.num_samples)
   has_mean = as_posterior(params).has_mean
-  progress = phases.EvalPhases(_plan(data, split, variants, has_mean, decoding, predictive,
-                                     ood_sets))
-  run = _Run(model, params, data, partitioner, jax.random.key(predictive.seed), progress)
-  batches = list(progress.track(data.eval_batches(partitioner.data_layout(data.batch_size),
-                                                  split), f"reading {data.task}/{split}"))
-  progress.split_batches = len(batches)
+  run = EvalRun(model, params, data, partitioner, jax.random.key(predictive.seed),
+                phases.EvalPhases(_plan(data, split, variants, has_mean, settings)))
+  batches = list(run.progress.track(data.eval_batches(
+      partitioner.data_layout(data.batch_size), split), f"reading {data.task}/{split}"))
+  run.progress.split_batches = len(batches)
   result: dict[str, Any] = {"step": step, "method": method, "task": data.task, "split": split,
                             "num_samples": predictive.num_samples}
   if has_mean:
@@ -112,63 +104,57 @@ def evaluate(*, model_dir: str, model: BaseModel, data: TaskData,
   if predictive.temperature_scaling:
     variants += _temperature_scaled(run, variants, split, predictive, result)
   result["predictives"] = [v.name for v in variants]
-  sources = group_sources(batches, get_task(data.task).output_features["inputs"].vocabulary,
-                          data.vocabulary)
-  result.update(num_pairs=int((sources.row_source >= 0).sum()), num_sources=len(sources.texts),
-                num_references=sum(map(len, sources.references)))
-  out_dir = epath.Path(report.output_dir or epath.Path(model_dir) / "eval" / data.task)
-  out_dir.mkdir(parents=True, exist_ok=True)
-  # What a saved batch of decodes was decoded from: an evaluation resumes only its own.
-  fingerprint = {"model_dir": str(model_dir), "step": step, "task": data.task, "split": split,
-                 "batch_size": data.batch_size, "num_sources": len(sources.texts),
-                 "decoding": dataclasses.asdict(decoding),
-                 "predictive": dataclasses.asdict(predictive)}
-  reliability, records, source_items = _figures(run, batches, sources, variants, decoding,
-                                                predictive, report, out_dir, result,
-                                                fingerprint)
-  scores = _ood(run, sources, variants[0], ood_sets, report, result,
-                records[variants[0].name], decoding.beam_size) if decoding.enabled else None
-  progress.finish()  # before the lines saying where the results are, which come last
-  # Written only now, the previous set replaced whole: a failed evaluation leaves it as it was.
-  writer.write_results(out_dir, result, reliability, epath.Path(model_dir).name, source_items,
-                       scores, {**fingerprint, "ood_sets": dataclasses.asdict(ood_sets),
-                                "report": dataclasses.asdict(report)})
-  resumable.remove(out_dir)
-  return result
+  return _results(run, batches, variants, settings, result, str(model_dir))
 
 
-def _check_settings(**given: tuple[Any, type]) -> None:
+def _checked(decoding: DecodeConfig, predictive: PredictiveConfig, ood_sets: OodConfig,
+             report: ReportConfig) -> _Settings:
+  """The settings, checked together before anything loads."""
+  given = {"decoding": (decoding, DecodeConfig), "predictive": (predictive, PredictiveConfig),
+           "ood_sets": (ood_sets, OodConfig), "report": (report, ReportConfig)}
   for name, (value, kind) in given.items():
     if not isinstance(value, kind):
       raise ValueError(f"evaluate: {name}={value!r} must be a {kind.__name__} "
                        f"(e.g. evaluate.{name} = @evaluation.{kind.__name__}())")
+  if predictive.beam_measures and decoding.enabled and decoding.method != "beam":
+    raise ValueError(f"evaluate: PredictiveConfig.beam_measures=True needs "
+                     f"DecodeConfig.method='beam', not {decoding.method!r}")
+  if ood_sets.beam_sets and not (decoding.enabled and predictive.beam_measures):
+    raise ValueError(f"evaluate: OodConfig.beam_sets={list(ood_sets.beam_sets)} need the "
+                     "split decoded by beam search with PredictiveConfig.beam_measures=True")
+  return _Settings(decoding, predictive, ood_sets, report)
 
 
-def _restored(model_dir: str, model: BaseModel, data: TaskData, partitioner: Partitioner,
-              checkpoint_step: int | None, settings: PredictiveConfig
-              ) -> tuple[BaseModel, Any, int]:
-  """The run's model (its KL divisor the run's) and its method's posterior, and the step."""
-  params, step = restore_params(model_dir, model, data, partitioner, checkpoint_step)
-  trained = as_trained(model, data, model_dir, checkpoint_step)
-  if settings.method_name is None:
-    return trained, params, step
-  inputs = methods.MethodInputs(
-      str(model_dir), settings.num_samples, settings.ensemble_dirs,
-      restore=lambda d: restore_params(d, trained, data, partitioner)[0],
-      context=methods.EvalContext(data, partitioner, settings.seed))
-  model, params = methods.get(settings.method_name).build(trained, params, inputs)
-  return model, params, step
+def _results(run: EvalRun, batches: list[dict[str, np.ndarray]], variants: list[Predictive],
+             settings: _Settings, result: dict[str, Any], model_dir: str) -> dict[str, Any]:
+  """The decoded figures and the OOD sets' into ``result``, every file written."""
+  data = run.data
+  sources = group_sources(batches, get_task(data.task).output_features["inputs"].vocabulary,
+                          data.vocabulary)
+  result.update(num_pairs=int((sources.row_source >= 0).sum()), num_sources=len(sources.texts),
+                num_references=sum(map(len, sources.references)))
+  out_dir = epath.Path(settings.report.output_dir or epath.Path(model_dir) / "eval" / data.task)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  # What a saved batch of decodes was decoded from: an evaluation resumes only its own.
+  fingerprint = {"model_dir": model_dir, "step": result["step"], "task": data.task,
+                 "split": result["split"], "batch_size": data.batch_size,
+                 "num_sources": len(sources.texts),
+                 "decoding": dataclasses.asdict(settings.decoding),
+                 "predictive": dataclasses.asdict(settings.predictive)}
+  reliability, records, all_items = _figures(run, batches, sources, variants, settings,
+                                             out_dir, result, fingerprint)
+  scores = _ood(run, sources, variants[0], settings, result,
+                records[variants[0].name]) if settings.decoding.enabled else None
+  run.progress.finish()  # before the lines saying where the results are, which come last
+  # Written only now, the previous set replaced whole: a failed evaluation leaves it as it was.
+  writer.write_results(out_dir, result, reliability, epath.Path(model_dir).name, all_items,
+                       scores, {**fingerprint, "ood_sets": dataclasses.asdict(settings.ood_sets),
+                                "report": dataclasses.asdict(settings.report)})
+  resumable.remove(out_dir)
+  return result
 
 
-def _variants(model: BaseModel, params: Any, num_samples: int) -> list[Predictive]:
-  """The predictives evaluated, the headline first (temperature scaling comes later)."""
-  posterior = as_posterior(params)
-  if not posterior.has_mean:
-    return [Predictive("model_average", posterior.num_members(num_samples))]
-  return predictives.predictives(model.is_bayesian or holds_posterior(params), num_samples)
-
-
-def _teacher_forced(run: _Run, batches: list[dict[str, np.ndarray]], num_samples: int
+def _teacher_forced(run: EvalRun, batches: list[dict[str, np.ndarray]], num_samples: int
                     ) -> dict[str, float]:
   partitioner = run.partitioner
   eval_fn = jax.jit(lambda p, b, k: run.model.eval_fn(p, b, k, num_samples)[1], in_shardings=(
@@ -178,7 +164,7 @@ def _teacher_forced(run: _Run, batches: list[dict[str, np.ndarray]], num_samples
       batches, "teacher-forced pass"), partitioner, jax.random.fold_in(run.rng, 1))
 
 
-def _temperature_scaled(run: _Run, variants: Sequence[Predictive], split: str,
+def _temperature_scaled(run: EvalRun, variants: Sequence[Predictive], split: str,
                         settings: PredictiveConfig, result: dict[str, Any]) -> list[Predictive]:
   """Each predictive at its own temperature, fitted on ``settings.temperature_split``:
   each fit in ``result['temperature_fits']`` under the scaled predictive's name, the
@@ -204,15 +190,15 @@ def _fitting_phase_name(split: str, variant: Predictive) -> str:
   return f"fitting the temperature of {variant.name} on {split}"
 
 
-def _figures(run: _Run, batches: list[dict[str, np.ndarray]], sources: Sources,
-             variants: list[Predictive], decoding: DecodeConfig, predictive: PredictiveConfig,
-             report: ReportConfig, out_dir: epath.Path, result: dict[str, Any],
-             fingerprint: dict[str, Any]
-             ) -> tuple[dict[str, dict[str, Any]], dict[str, list[predictives.Decoded]],
+def _figures(run: EvalRun, batches: list[dict[str, np.ndarray]], sources: Sources,
+             variants: list[Predictive], settings: _Settings, out_dir: epath.Path,
+             result: dict[str, Any], fingerprint: dict[str, Any]
+             ) -> tuple[dict[str, dict[str, Any]], dict[str, list[Decoded]],
                         dict[str, items.SourceItems]]:
   """Each predictive's token calibration, decodes and figures with their intervals into
   ``result``; returns the reliability diagrams' curves, each predictive's decoded sources
   (none without decoding) and its items (for ``writer.write_results``)."""
+  report = settings.report
   reliability, token_statistics, all_items = {}, {}, {}
   result["token_calibration"] = {}
   for variant in variants:
@@ -226,35 +212,37 @@ def _figures(run: _Run, batches: list[dict[str, np.ndarray]], sources: Sources,
     result["token_calibration"][variant.name] = {k: v for k, v in token.items()
                                                  if not k.startswith("bin_")}
   result["token_ece"] = result["token_calibration"][variants[0].name]["ece"]
-  records = (_decode_sources(run, sources, variants, decoding, predictive, out_dir, fingerprint)
-             if decoding.enabled else {})
+  records = (_decode_sources(run, sources, variants, settings, out_dir, fingerprint)
+             if settings.decoding.enabled else {})
   result["decoding"], result["intervals"] = {}, {}
   for variant in variants:
-    source_items = all_items[variant.name] = _source_items(
+    predictive_items = all_items[variant.name] = source_items(
         run.data, sources, token_statistics[variant.name], records.get(variant.name),
         report.num_bins)
-    figures = items.intervals(source_items, report.bootstrap_resamples,
+    figures = items.intervals(predictive_items, report.bootstrap_resamples,
                               num_bins=report.num_bins)
     result["intervals"][variant.name] = items.as_json(figures)
-    if source_items.decoded:
+    if predictive_items.decoded:
       result["decoding"][variant.name] = {
-          "bleu_signature": metrics.corpus_bleu(source_items.predictions,
-                                                source_items.references).signature,
+          "bleu_signature": metrics.corpus_bleu(predictive_items.predictions,
+                                                predictive_items.references).signature,
           **{name: interval.estimate for name, interval in figures.items()
              if measures.get(name).level != measures.TOKEN}}
       reliability[variant.name]["sequence"] = metrics.equal_mass_reliability(
-          np.clip(np.exp(source_items.log_probs), 0.0, 1.0), source_items.exact_match,
+          np.clip(np.exp(predictive_items.log_probs), 0.0, 1.0), predictive_items.exact_match,
           report.num_bins)
-  if decoding.enabled:
+  if settings.decoding.enabled:
     headline = result["decoding"][variants[0].name]
     result.update(bleu=headline["bleu"], exact_match=headline["exact_match"],
                   sequence_ece=headline["sequence_ece"])
   return reliability, records, all_items
 
 
-def _source_items(data: TaskData, sources: Sources, token_statistics: dict[str, np.ndarray],
-                  decoded: list[predictives.Decoded] | None, num_bins: int
-                  ) -> items.SourceItems:
+def source_items(data: TaskData, sources: Sources, token_statistics: dict[str, np.ndarray],
+                 decoded: list[Decoded] | None, num_bins: int) -> items.SourceItems:
+  """A predictive's items of ``sources``: its token statistics summed per source and, with
+  ``decoded`` (one record per source), its detokenized outputs, their measures and decoded-token
+  statistics against the closest reference, each figure's input (``items.intervals``)."""
   if decoded is None:
     return items.SourceItems(sources.texts, token_statistics)
   labels = [token_labels.closest_reference_labels(r.output_ids, references)
@@ -278,9 +266,9 @@ def _source_items(data: TaskData, sources: Sources, token_statistics: dict[str, 
       if decoded[0].samples else None)
 
 
-def _decode_sources(run: _Run, sources: Sources, variants: list[Predictive],
-                    decoding: DecodeConfig, predictive: PredictiveConfig, out_dir: epath.Path,
-                    fingerprint: dict[str, Any]) -> dict[str, list[predictives.Decoded]]:
+def _decode_sources(run: EvalRun, sources: Sources, variants: list[Predictive],
+                    settings: _Settings, out_dir: epath.Path, fingerprint: dict[str, Any]
+                    ) -> dict[str, list[Decoded]]:
   """Each source decoded once by each predictive (a temperature-scaled one rescores its
   unscaled self's outputs and equivalence samples): ``{predictive: records, one per
   source}``. Each batch is saved as it completes; an interrupted evaluation resumes there
@@ -295,35 +283,43 @@ def _decode_sources(run: _Run, sources: Sources, variants: list[Predictive],
     if log is not None and log.done:
       print(f"resuming the decoding of {variant.name} after {len(log.done)} saved batches",
             flush=True)
-    unscaled = variant.name.removesuffix(predictives.TEMPERATURE_SCALED)
-    rescored = records[unscaled] if unscaled != variant.name and unscaled in records else None
-    outputs = None if rescored is None else [r.output_ids for r in rescored]
-    samples = None if rescored is None or not predictive.equivalence_samples else [
-        r.samples for r in rescored]
-    records[variant.name] = predictives.decode_and_score(
-        run.model, run.params, run.progress.track(
-            in_batches(sources.inputs, data.batch_size), _decode_phase_name(data, variant,
-                                                                            variants),
-            math.ceil(len(sources.inputs) / data.batch_size)),
-        run.partitioner, variant, run.rng, max_length=data.feature_lengths["targets"],
-        eos_id=data.vocabulary.eos_id, outputs=outputs, method=decoding.method,
-        beam_size=decoding.beam_size, sample_agreement=decoding.sample_agreement,
-        beam_measures=predictive.beam_measures,
-        equivalence_samples=predictive.equivalence_samples, samples=samples,
-        done=log.done if log else (), on_batch=log.save if log else None)
+    passes = _decode_passes(settings, variant, variants, records)
+    if log is not None:
+      passes += (decode_passes.Resumable(log.done, log.save),)
+    records[variant.name] = decode_and_score(
+        run.decoding(variant, method=settings.decoding.method,
+                     beam_size=settings.decoding.beam_size),
+        run.progress.track(in_batches(sources.inputs, data.batch_size),
+                           _decode_phase_name(data, variant, variants),
+                           math.ceil(len(sources.inputs) / data.batch_size)), passes)
   return records
 
 
-def _ood(run: _Run, sources: Sources, headline: Predictive, settings: OodConfig,
-         report: ReportConfig, result: dict[str, Any], decoded: list[predictives.Decoded],
-         beam_size: int) -> items.OodScores | None:
+def _decode_passes(settings: _Settings, variant: Predictive, variants: Sequence[Predictive],
+                   records: dict[str, list[Decoded]]
+                   ) -> tuple[decode_passes.DecodePass, ...]:
+  """``variant``'s decode passes: the settings', and for a temperature-scaled predictive
+  the rescoring of its unscaled self's outputs and samples (``records``; none yet: the
+  plan's)."""
+  passes = decode_passes.from_settings(settings.decoding, settings.predictive)
+  if not _rescores(variant, variants):
+    return passes
+  rescored = records.get(variant.name.removesuffix(predictives.TEMPERATURE_SCALED), [])
+  given = [decode_passes.RescoreOutputs([r.output_ids for r in rescored])]
+  return tuple(given + [dataclasses.replace(p, given=[r.samples for r in rescored])
+                        if isinstance(p, decode_passes.EquivalenceSamples) else p
+                        for p in passes])
+
+
+def _ood(run: EvalRun, sources: Sources, headline: Predictive, settings: _Settings,
+         result: dict[str, Any], decoded: list[Decoded]) -> items.OodScores | None:
   """The OOD sets' figures and intervals into ``result``; returns their scores (None
   without OOD sets)."""
-  scores = ood.ood_scores(run.model, run.params, run.data, sources, run.partitioner,
-                          headline, run.rng, run.progress, settings, decoded, beam_size)
+  scores = ood.ood_scores(run, sources, headline, settings.ood_sets, decoded,
+                          settings.decoding.beam_size)
   if scores is None:
     return None
-  intervals = items.ood_intervals(scores, report.bootstrap_resamples)
+  intervals = items.ood_intervals(scores, settings.report.bootstrap_resamples)
   result["ood"] = {name: {"num_examples": len(next(iter(scores.out_of_domain[name].values()))),
                           **{k: v.estimate for k, v in per_measure.items()}}
                    for name, per_measure in intervals.items()}
@@ -332,10 +328,11 @@ def _ood(run: _Run, sources: Sources, headline: Predictive, settings: OodConfig,
 
 
 def _plan(data: TaskData, split: str, variants: Sequence[Predictive], teacher_forced: bool,
-          decoding: DecodeConfig, predictive: PredictiveConfig, ood_sets: OodConfig
-          ) -> list[phases.Phase]:
-  """The passes ``evaluate`` makes, in order, with their costs (``evaluation.phases``)."""
+          settings: _Settings) -> list[phases.Phase]:
+  """The passes ``evaluate`` makes, in order, with their costs (``evaluation.phases``; a
+  decoding's: ``decode_passes.plan_cost``)."""
   Phase = phases.Phase  # pylint: disable=invalid-name
+  predictive, ood_sets = settings.predictive, settings.ood_sets
   unscaled = list(variants)
   variants = unscaled + ([v.temperature_scaled(1.0) for v in unscaled]
                          if predictive.temperature_scaling else [])
@@ -346,20 +343,17 @@ def _plan(data: TaskData, split: str, variants: Sequence[Predictive], teacher_fo
     plan += [Phase(_fitting_phase_name(predictive.temperature_split, v), "score", _passes(v))
              for v in unscaled]
   plan += [Phase(f"token calibration ({v.name})", "score", _passes(v)) for v in variants]
-  if decoding.enabled:
-    beam = decoding.beam_size if decoding.method == "beam" else 1
-    for v in variants:
-      rescoring = _rescores(v, variants)
-      agreement = decoding.sample_agreement and v.num_samples
-      plan.append(Phase(_decode_phase_name(data, v, variants), "score" if rescoring else
-                        "decode", _passes(v) * ((1 if rescoring else beam) * (1 + agreement)
-                                                + predictive.equivalence_samples)))
-    if ood_sets.set_names:
-      num_batches = math.ceil(ood_sets.max_examples / data.batch_size)
-      plan += [Phase(f"decoding {name} (greedy)", "decode", _passes(variants[0]), num_batches)
-               for name in (data.task, *ood_sets.set_names)]
-      plan += [Phase(f"decoding {name} (beam)", "decode", _passes(variants[0]) * beam,
-                     num_batches) for name in ood_sets.beam_sets]
+  if not settings.decoding.enabled:
+    return plan
+  beam = settings.decoding.beam_size if settings.decoding.method == "beam" else 1
+  plan += [Phase(_decode_phase_name(data, v, variants), *decode_passes.plan_cost(
+      _decode_passes(settings, v, variants, {}), v, beam)) for v in variants]
+  if ood_sets.set_names:
+    num_batches = math.ceil(ood_sets.max_examples / data.batch_size)
+    plan += [Phase(f"decoding {name} (greedy)", *decode_passes.plan_cost((), variants[0], 1),
+                   num_batches) for name in (data.task, *ood_sets.set_names)]
+    plan += [Phase(f"decoding {name} (beam)", *decode_passes.plan_cost(
+        ood.BEAM_SET_PASSES, variants[0], beam), num_batches) for name in ood_sets.beam_sets]
   return plan
 
 

@@ -7,6 +7,21 @@ Files may be local or ``gs://``. The text and the scores are one unit: a manifes
 written last names both files' checksums and the run (``write_outputs``), and
 ``read_outputs`` refuses, in one line, a text and scores that do not belong together.
 One infer at a time writes an output: it holds ``OUTPUT_FILE.lock`` while it runs.
+
+``OUTPUT_FILE.scores.jsonl`` holds one JSON record per input line: ``line`` (1-based),
+``empty`` (a blank input: nothing decoded, the scores null), ``output``, ``log_prob`` (of
+the output and its EOS under the predictive distribution, nats), ``num_tokens`` (scored:
+output tokens + EOS, at most the target length), ``entropy`` and ``mutual_information``
+(per-token means, nats; the latter null unless a model average), ``input_tokens_cut``.
+
+The two are one unit (``write_outputs``): ``OUTPUT_FILE`` stays a plain text file, and
+``OUTPUT_FILE.manifest.json``, written last, names both files' checksums and the run
+(model directory, checkpoint step, predictive, its method when given, decode settings,
+input file and its checksum); ``read_outputs`` refuses a text and scores it does not
+name. For the whole run process 0 holds ``OUTPUT_FILE.lock``: a second infer to the same
+output stops at once with one line naming the holder; a lock left by a process that is
+gone is taken over. Local files are renamed into place; ``gs://`` objects are written
+directly (whole), the manifest still last, and locked as ``RunLock`` locks an object store.
 """
 
 from __future__ import annotations
@@ -26,16 +41,17 @@ import tqdm
 from etils import epath
 
 from meshbayes.data.pipeline import TaskData, get_task
-from meshbayes.evaluation import predictives as predictive_eval
+from meshbayes.evaluation import methods, predictives
+from meshbayes.evaluation.context import restored
+from meshbayes.evaluation.decoding import DecodeContext, Decoded, decode_and_score
 from meshbayes.evaluation.manifest import checksum
+from meshbayes.evaluation.settings import PredictiveConfig
 from meshbayes.field_checks import positive_int
-from meshbayes.layers import holds_posterior
 from meshbayes.models.base import BaseModel
 from meshbayes.partitioning import Partitioner
 from meshbayes.runtime import strict_json
 from meshbayes.runtime.atomic_files import same_file, write_files_atomically
 from meshbayes.runtime.run_lock import LockHeldError, RunLock, acquire_on_process_0
-from meshbayes.training.checkpoint_restore import restore_params
 from meshbayes.data.text_lines import (EncodedLines, encode_inputs, in_batches, read_lines,
                                   truncation_warning)
 
@@ -49,14 +65,14 @@ _NOTHING_MEASURED = {"log_prob": None, "num_tokens": 0, "entropy": None,
                      "mutual_information": None}
 
 
-def output_lines(encoded: EncodedLines, records: Sequence[predictive_eval.Decoded],
+def output_lines(encoded: EncodedLines, records: Sequence[Decoded],
                  vocabulary: Any, with_mutual_information: bool
                  ) -> tuple[list[str], list[dict[str, Any]]]:
   """The text output and the scores record of every input line, in order.
 
   Args:
     encoded: the inputs.
-    records: one per present input, in order (``evaluation.predictives.decode_and_score``).
+    records: one per present input, in order (``evaluation.decoding.decode_and_score``).
     vocabulary: decodes the outputs.
     with_mutual_information: the records come from a model average (else the
       mutual information, 0 by construction, is written as null).
@@ -210,29 +226,13 @@ def lock_output(output_file: str | os.PathLike) -> tuple[RunLock, str | None]:
 def infer(*, model_dir: str, model: BaseModel, data: TaskData, input_file: str,
           output_file: str, partitioner: Partitioner | None = None,
           checkpoint_step: int | None = None, decode_method: str = "beam", beam_size: int = 4,
-          num_samples: int = 0, seed: int = 0) -> int:
+          num_samples: int = 0, seed: int = 0, method: str | None = None) -> int:
   """Decodes each line of ``input_file`` into the same line of ``output_file``.
 
-  Inputs are encoded with the task's input vocabulary and truncated to its
-  input length (a warning names them); decodes use ``data.batch_size`` rows at
-  a time, with a progress bar on stderr. ``<output_file>.scores.jsonl`` holds
-  one JSON record per input line: ``line`` (1-based), ``empty`` (a blank
-  input: nothing decoded, the scores null), ``output``, ``log_prob`` (of the
-  output and its EOS under the predictive distribution, nats), ``num_tokens``
-  (scored: output tokens + EOS, at most the target length), ``entropy`` and
-  ``mutual_information`` (per-token means, nats; the latter null unless a
-  model average), ``input_tokens_cut``. Process 0 writes the files and prints.
-
-  The two are one unit (``write_outputs``): ``output_file`` stays a plain text
-  file, and ``<output_file>.manifest.json``, written last, names both files'
-  checksums and the run (model directory, checkpoint step, predictive, decode
-  settings, input file and its checksum); ``read_outputs`` refuses a text and
-  scores it does not name. For the whole run process 0 holds
-  ``<output_file>.lock``: a second infer to the same output stops at once with
-  one line naming the holder; a lock left by a process that is gone is taken
-  over. Local files are renamed into place; ``gs://`` objects are written
-  directly (whole), the manifest still last, and locked as ``RunLock`` locks
-  an object store.
+  Inputs are encoded with the task's input vocabulary and truncated to its input length
+  (a warning names them); decodes use ``data.batch_size`` rows at a time, as ``evaluate``
+  decodes (``evaluation.decoding``), with a progress bar on stderr. The scores, manifest
+  and lock: the module's docstring. Process 0 writes the files and prints.
 
   Args:
     model_dir: the run's directory (its checkpoints).
@@ -244,10 +244,13 @@ def infer(*, model_dir: str, model: BaseModel, data: TaskData, input_file: str,
     checkpoint_step: which checkpoint (default: the latest).
     decode_method: ``beam``, ``greedy`` or ``sample``.
     beam_size: beams for ``beam``.
-    num_samples: 0 decodes a Bayesian model with its posterior mean, ``S > 0``
-      with the model average of ``S`` weight samples (which gives the mutual
-      information).
+    num_samples: 0 decodes a Bayesian model with its posterior mean, ``S > 0`` with the
+      model average of ``S`` weight samples (which gives the mutual information). Unlike ``evaluate``'s
+      ``PredictiveConfig.num_samples`` (4), 0 by default: one decode per batch.
     seed: seed of weight samples and sampling.
+    method: the predictive method, as ``PredictiveConfig.method`` (``evaluation.methods``:
+      ``mc_dropout``, ``laplace``, ...; None: the run as trained); its headline
+      predictive decodes.
 
   Returns:
     The number of lines written (as many as ``input_file`` has).
@@ -256,24 +259,17 @@ def infer(*, model_dir: str, model: BaseModel, data: TaskData, input_file: str,
     RuntimeError: another infer is writing ``output_file``.
   """
   positive_int("infer", "num_samples", num_samples, allow_zero=True)
-  paths = output_paths(output_file)
-  for name, path in (("OUTPUT_FILE", str(output_file)), *(
-      (f"OUTPUT_FILE + {suffix!r}", str(output_file) + suffix) for suffix in _SUFFIXES.values())):
-    if same_file(path, input_file):
-      raise ValueError(f"infer: {name} {path!r} is INPUT_FILE {str(input_file)!r} (it "
-                       "would overwrite the inputs); give another OUTPUT_FILE")
-  writer = jax.process_index() == 0
-  length = data.feature_lengths["inputs"]
-  encoded = encode_inputs(read_lines(input_file),
-                          get_task(data.task).output_features["inputs"].vocabulary, length,
-                          source=str(input_file))
-  input_checksum = checksum(epath.Path(input_file).read_bytes())
+  settings = PredictiveConfig(method=method, num_samples=num_samples, seed=seed)
+  paths = _checked_paths(input_file, output_file)
+  encoded = _encoded(data, input_file)
   partitioner = partitioner or Partitioner()
   try:  # before any work: decoding places BATCH_SIZE rows over the mesh's batch axes
     partitioner.data_layout(data.batch_size)
   except ValueError as error:
     raise ValueError(f"infer: BATCH_SIZE={data.batch_size}: {error}") from None
-  if writer:
+  if method is not None:  # the method checked against the run before anything loads
+    methods.resolve_run(method, model, model_dir, checkpoint_step)
+  if jax.process_index() == 0:
     paths["text"].parent.mkdir(parents=True, exist_ok=True)
   # Before the restore: a second run stops now.
   lock = acquire_on_process_0(
@@ -281,33 +277,83 @@ def infer(*, model_dir: str, model: BaseModel, data: TaskData, input_file: str,
       lambda note: print(f"infer: {note} ({paths['lock']})", file=sys.stderr, flush=True),
       f"infer: process 0 could not lock OUTPUT_FILE {output_file}; see its error")
   try:
-    warning = truncation_warning(encoded.tokens_cut, str(input_file), length)
-    if warning and writer:
-      print(warning, file=sys.stderr, flush=True)
-    params, step = restore_params(model_dir, model, data, partitioner, checkpoint_step)
-    predictive = predictive_eval.predictives(model.is_bayesian or holds_posterior(params),
-                                             num_samples)[0]
-    inputs = encoded.rows[encoded.present]  # empty lines take no room in the batches
-    batches = tqdm.tqdm(in_batches(inputs, data.batch_size), desc="decoding",
-                        unit=" batches", total=-(-len(inputs) // data.batch_size),
-                        disable=not writer, file=sys.stderr)
-    records = predictive_eval.decode_and_score(
-        model, params, batches, partitioner, predictive, jax.random.key(seed),
-        data.feature_lengths["targets"], data.vocabulary.eos_id, method=decode_method,
-        beam_size=beam_size)
-    texts, scores = output_lines(encoded, records, data.vocabulary,
-                                 with_mutual_information=predictive.num_samples > 0)
-    if writer:
-      run = {"model_dir": str(model_dir), "checkpoint_step": step, "task": data.task,
-             "feature_lengths": dict(data.feature_lengths), "batch_size": data.batch_size,
-             "predictive": predictive.name, "num_samples": predictive.num_samples,
-             "decode_method": decode_method, "beam_size": beam_size, "seed": seed,
-             "input_file": str(input_file), "input_checksum": input_checksum}
-      write_outputs(output_file, texts, scores, run)
-      print(f"decoded {len(texts)} lines of {input_file} ({len(texts) - len(inputs)} empty) "
-            f"into {output_file}, scores in {paths['scores']}, manifest in "
-            f"{paths['manifest']}")
+    return _decode_file(
+        _Inference(model_dir, model, data, partitioner, checkpoint_step, settings),
+        encoded, output_file, {"method": decode_method, "beam_size": beam_size})
   finally:
     if lock is not None:
       lock.release()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Inference:
+  """The run an infer decodes with, and its predictive settings."""
+
+  model_dir: str
+  model: BaseModel
+  data: TaskData
+  partitioner: Partitioner
+  checkpoint_step: int | None
+  settings: PredictiveConfig
+
+
+def _checked_paths(input_file: str, output_file: str) -> dict[str, epath.Path]:
+  """``output_paths(output_file)``, none of them ``input_file``."""
+  paths = output_paths(output_file)
+  for name, path in (("OUTPUT_FILE", str(output_file)), *(
+      (f"OUTPUT_FILE + {suffix!r}", str(output_file) + suffix) for suffix in _SUFFIXES.values())):
+    if same_file(path, input_file):
+      raise ValueError(f"infer: {name} {path!r} is INPUT_FILE {str(input_file)!r} (it "
+                       "would overwrite the inputs); give another OUTPUT_FILE")
+  return paths
+
+
+@dataclasses.dataclass(frozen=True)
+class _Encoded:
+  """The input file, encoded, and its checksum."""
+
+  path: str
+  lines: EncodedLines
+  checksum: str
+
+
+def _encoded(data: TaskData, input_file: str) -> _Encoded:
+  encoded = encode_inputs(read_lines(input_file),
+                          get_task(data.task).output_features["inputs"].vocabulary,
+                          data.feature_lengths["inputs"], source=str(input_file))
+  return _Encoded(str(input_file), encoded, checksum(epath.Path(input_file).read_bytes()))
+
+
+def _decode_file(run: _Inference, given: _Encoded, output_file: str,
+                 options: dict[str, Any]) -> int:
+  """``infer``'s decoding and writing, under the output's lock."""
+  data, writer, encoded, input_file = run.data, jax.process_index() == 0, given.lines, given.path
+  warning = truncation_warning(encoded.tokens_cut, input_file, data.feature_lengths["inputs"])
+  if warning and writer:
+    print(warning, file=sys.stderr, flush=True)
+  model, params, step = restored(run.model_dir, run.model, data, run.partitioner,
+                                 run.checkpoint_step, run.settings)
+  predictive = predictives.variants(model, params, run.settings.num_samples)[0]
+  inputs = encoded.rows[encoded.present]  # empty lines take no room in the batches
+  batches = tqdm.tqdm(in_batches(inputs, data.batch_size), desc="decoding",
+                      unit=" batches", total=-(-len(inputs) // data.batch_size),
+                      disable=not writer, file=sys.stderr)
+  records = decode_and_score(DecodeContext(
+      model, params, run.partitioner, predictive, jax.random.key(run.settings.seed),
+      data.feature_lengths["targets"], data.vocabulary.eos_id, options), batches)
+  texts, scores = output_lines(encoded, records, data.vocabulary,
+                               with_mutual_information=predictive.num_samples > 0)
+  if writer:
+    method = {} if run.settings.method is None else {"method": run.settings.method}
+    write_outputs(output_file, texts, scores, {
+        "model_dir": str(run.model_dir), "checkpoint_step": step, "task": data.task,
+        "feature_lengths": dict(data.feature_lengths), "batch_size": data.batch_size,
+        "predictive": predictive.name, "num_samples": predictive.num_samples,
+        "decode_method": options["method"], "beam_size": options["beam_size"],
+        "seed": run.settings.seed, **method, "input_file": input_file,
+        "input_checksum": given.checksum})
+    paths = output_paths(output_file)
+    print(f"decoded {len(texts)} lines of {input_file} ({len(texts) - len(inputs)} empty) "
+          f"into {output_file}, scores in {paths['scores']}, manifest in "
+          f"{paths['manifest']}")
   return len(texts)

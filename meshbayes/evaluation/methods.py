@@ -3,8 +3,9 @@ evaluation predicts with.
 
 A ``PredictiveMethod`` names the training recipe whose runs it predicts with and builds,
 from a restored run, the model and the ``layers.posteriors.Posterior`` evaluation takes in
-place of the parameters. ``PredictiveConfig.method``, the experiment tool and gin read
-the registry; adding a method is one ``register``.
+place of the parameters. ``PredictiveConfig.method`` and gin read the registry; adding a
+method is one ``register``. What the experiment trains, evaluates and reports of each
+method is its own (``meshbayes.experiments.recipes``).
 
 >>> get('mc_dropout').trained_by
 'deterministic'
@@ -33,12 +34,12 @@ from meshbayes.evaluation import laplace
 from meshbayes.layers import Ensemble, MCDropout, holds_posterior
 from meshbayes.models.base import BaseModel
 from meshbayes.runtime import gin_preflight
-from meshbayes.training.optimizers import IVON_META
+from meshbayes.training import run_posteriors
 
-# The training recipes runs come from (gin_configs/uncertainty/<recipe>.gin): the three
-# methods' and the Bayesian layers' controls (MAP; the KL weights 1 and 0.3).
-RECIPES = ("deterministic", "bayesian", "ivon", "map", "bayesian_kl1", "bayesian_kl0.3")
-_TEMPERATURE_SCALED = ("evaluation.PredictiveConfig.temperature_scaling=True",)
+# The kinds of runs a method may predict with, named by the training recipe that makes
+# them (gin_configs/uncertainty/<recipe>.gin): point weights, IVON's, and the Bayesian
+# layers' at their settings (``run_record`` tells them apart).
+TRAINED_BY = ("deterministic", "bayesian", "ivon", "map", "bayesian_kl1", "bayesian_kl0.3")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,15 +82,10 @@ class PredictiveMethod:
     name: the method's name (``evaluation.PredictiveConfig.method``, the experiment's
       ``--methods``).
     description: one line on what it predicts with.
-    trained_by: the recipe of ``RECIPES`` whose runs it predicts with.
+    trained_by: the kind of run of ``TRAINED_BY`` it predicts with.
     build: ``build(model, params, inputs) -> (model, posterior)`` from the restored
       run's model and parameters.
-    combines_runs: it predicts with several runs of its recipe (``member_dirs``;
-      the experiment trains ``ensemble_size`` seeds of it).
-    seed_spread: the experiment trains its recipe at ``seeds`` seeds, each evaluated
-      alone (the spread over training seeds).
-    eval_bindings: gin bindings its evaluations add (e.g. temperature scaling).
-    columns: the predictives its reports show, each with its column title.
+    combines_runs: it predicts with several runs of its kind (``member_dirs``).
   """
 
   name: str
@@ -97,14 +93,11 @@ class PredictiveMethod:
   trained_by: str
   build: Build
   combines_runs: bool = False
-  seed_spread: bool = False
-  eval_bindings: tuple[str, ...] = ()
-  columns: tuple[tuple[str, str], ...] = ()
 
   def __post_init__(self):
-    if self.trained_by not in RECIPES:
+    if self.trained_by not in TRAINED_BY:
       raise ValueError(f"PredictiveMethod {self.name!r}: trained_by={self.trained_by!r} must be "
-                       f"one of {', '.join(RECIPES)}")
+                       f"one of {', '.join(TRAINED_BY)}")
 
 
 _METHODS: dict[str, PredictiveMethod] = {}
@@ -169,47 +162,29 @@ def ensemble(model: BaseModel, params: Any, inputs: MethodInputs) -> tuple[BaseM
 
 register(PredictiveMethod(
     "deterministic", "the deterministic run's weights, temperature-scaled too", "deterministic",
-    as_trained, eval_bindings=("evaluation.PredictiveConfig.temperature_scaling=True",),
-    columns=(("posterior_mean", "deterministic"),
-             ("posterior_mean_temperature_scaled", "temperature-scaled"))))
+    as_trained))
 register(PredictiveMethod(
-    "mc_dropout", "S dropout masks of the deterministic run", "deterministic", mc_dropout,
-    eval_bindings=("evaluation.PredictiveConfig.method='mc_dropout'",),
-    columns=(("model_average", "MC dropout"),)))
+    "mc_dropout", "S dropout masks of the deterministic run", "deterministic", mc_dropout))
 register(PredictiveMethod(
     "ensemble", "the deterministic runs of K seeds, a uniform mixture", "deterministic",
-    ensemble, combines_runs=True, eval_bindings=("evaluation.PredictiveConfig.method='ensemble'",),
-    columns=(("model_average", "deep ensemble"),)))
-
-
-def _bayesian_columns(title: str) -> tuple[tuple[str, str], ...]:
-  return (("model_average", title), ("posterior_mean", f"{title} (mean)"),
-          ("model_average_temperature_scaled", f"{title}, temperature-scaled"),
-          ("posterior_mean_temperature_scaled", f"{title} (mean), temperature-scaled"))
-
-
+    ensemble, combines_runs=True))
 register(PredictiveMethod(
     "bayesian", "the Bayesian layers' posterior (S weight samples), KL weight 0.1",
-    "bayesian", as_trained, seed_spread=True, eval_bindings=_TEMPERATURE_SCALED,
-    columns=_bayesian_columns("Bayesian layers")))
+    "bayesian", as_trained))
 register(PredictiveMethod(
-    "ivon", "IVON's posterior over every weight (S weight samples)", "ivon", as_trained,
-    seed_spread=True, columns=(("model_average", "IVON"), ("posterior_mean", "IVON (mean)"))))
+    "ivon", "IVON's posterior over every weight (S weight samples)", "ivon", as_trained))
 register(PredictiveMethod(
     "map", "the Bayesian layers' recipe trained without weight noise: its posterior mean",
-    "map", as_trained, seed_spread=True,
-    eval_bindings=("evaluation.PredictiveConfig.num_samples=0", *_TEMPERATURE_SCALED),
-    columns=(("posterior_mean", "MAP"), ("posterior_mean_temperature_scaled",
-                                         "MAP, temperature-scaled"))))
+    "map", as_trained))
+# The Bayesian layers' runs at the KL weights of the experiment's controls: a recipe's runs
+# are evaluated as its own method (``resolve`` names an unnamed run's by its recipe).
 for _weight in ("1", "0.3"):
   register(PredictiveMethod(
       f"bayesian_kl{_weight}", f"the Bayesian layers' posterior at KL weight {_weight}",
-      f"bayesian_kl{_weight}", as_trained, seed_spread=True, eval_bindings=_TEMPERATURE_SCALED,
-      columns=_bayesian_columns(f"Bayesian layers, KL {_weight}")))
+      f"bayesian_kl{_weight}", as_trained))
 register(PredictiveMethod(
     "laplace", "a last-layer Laplace approximation around the deterministic run",
-    "deterministic", laplace.fit, eval_bindings=("evaluation.PredictiveConfig.method='laplace'",),
-    columns=(("model_average", "last-layer Laplace"),)))
+    "deterministic", laplace.fit))
 
 
 # Which methods fit a run, told before its parameters load.
@@ -291,8 +266,9 @@ def run_record(model: BaseModel, meta: dict[str, Any], model_dir: str | os.PathL
   """What ``model_dir``'s run holds, from the model as configured, its checkpoint's JSON
   metadata ``meta`` and its ``config.gin``; nothing is restored.
 
-  The posterior, always told: IVON's when ``meta`` records IVON (``IVON_META``), the
-  Bayesian layers' when ``model.is_bayesian``, point weights otherwise. That tells the
+  The posterior, always told: one kept by training when the checkpoint records it
+  (``training.run_posteriors``: IVON's), the Bayesian layers' when ``model.is_bayesian``,
+  point weights otherwise. That tells the
   recipe too, except for the Bayesian layers': the deterministic and IVON recipes are
   their posterior's only ones. The Bayesian layers' four differ in two training settings
   the metadata does not hold, ``EncoderDecoderModel.weight_noise`` (MAP: False) and
@@ -312,8 +288,9 @@ def run_record(model: BaseModel, meta: dict[str, Any], model_dir: str | os.PathL
   no Bayesian-layers method; one without a readable ``config.gin`` (a checkpoint copied
   alone) fits every one.
   """
-  if meta.get(IVON_META):
-    return RunRecord(IVON)
+  held = run_posteriors.held_by(meta)
+  if held is not run_posteriors.PARAMETERS:
+    return RunRecord(held.title)
   if not model.is_bayesian:
     return RunRecord(POINT)
   bindings = _trained_bindings(model_dir)

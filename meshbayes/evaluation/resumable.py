@@ -3,7 +3,7 @@
 ``DecodeLog`` keeps one file per predictive under ``OUT/partial/``: a fingerprint line
 (run, step, predictive, decoding settings, sources), then one line per completed batch.
 An evaluation started again with the same fingerprint takes those batches
-(``decode_and_score``'s ``done``) and gives the uninterrupted result; another fingerprint
+(``decode_passes.Resumable``'s ``done``) and gives the uninterrupted result; another fingerprint
 starts afresh. ``OUT/partial/`` is removed once the results are written. The lines are
 strict JSON; a non-finite number is saved as null with its reason and read back as the
 number (``strict_json.restore``), so a resumed result equals the uninterrupted one.
@@ -18,7 +18,7 @@ from typing import Any
 
 from etils import epath
 
-from meshbayes.evaluation.predictives import Decoded
+from meshbayes.evaluation.decoding import Decoded
 from meshbayes.runtime import strict_json
 
 PARTIAL_DIR = "partial"
@@ -65,7 +65,7 @@ class DecodeLog:
                              null_reasons=strict_json.NULL_REASONS)
 
   def save(self, index: int, records: list[Decoded]) -> None:
-    """Appends batch ``index``'s records (``decode_and_score``'s ``on_batch``)."""
+    """Appends batch ``index``'s records (``decode_passes.Resumable``'s ``on_batch``)."""
     with self.path.open("a") as log:
       log.write(self._line(index, records) + "\n")
       log.flush()

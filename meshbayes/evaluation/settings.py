@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from meshbayes.evaluation import methods
-from meshbayes.evaluation.predictives import DECODE_OPTIONS
+from meshbayes.evaluation.decoding import DECODE_OPTIONS
 from meshbayes.field_checks import booleans, is_int, positive_ints
 from meshbayes.metrics import bootstrap, calibration, equivalence
 

@@ -12,11 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from meshbayes.evaluation import predictives
+from meshbayes.evaluation.decoding import until_eos
 
 
 def _text(ids: Iterable[int], vocabulary: Any) -> str:
-  return vocabulary.decode(predictives.until_eos(ids, vocabulary.eos_id))
+  return vocabulary.decode(until_eos(ids, vocabulary.eos_id))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +69,6 @@ def group_sources(batches: Sequence[Mapping[str, np.ndarray]], input_vocabulary:
     if reference not in references[row_source[row]]:
       references[row_source[row]].append(reference)
       reference_ids[row_source[row]].append(
-          tuple(predictives.until_eos(targets[row], vocabulary.eos_id)))
+          tuple(until_eos(targets[row], vocabulary.eos_id)))
   return Sources(unique[order], [_text(ids, input_vocabulary) for ids in unique[order]],
                  references, row_source, reference_ids)

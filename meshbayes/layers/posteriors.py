@@ -4,6 +4,9 @@
 the keys of ``S`` members, a member's ``apply`` options and which leaves differ.
 Kinds: ``LayerWeights`` (``params`` as trained), ``WeightPosterior``, ``Ensemble``,
 ``MCDropout``; a new kind is a class with these members and one ``register_kind``.
+Where a run's posterior comes from (restored with the run:
+``meshbayes.training.run_posteriors``; built from it by a predictive method:
+``meshbayes.evaluation.methods``) and adding one: docs/posteriors.md.
 """
 
 from __future__ import annotations

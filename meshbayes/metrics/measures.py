@@ -1,7 +1,9 @@
 """The registry of evaluation measures: every reported figure (``FIGURE``) and every
 uncertainty measure (``UNCERTAINTY``, higher = more uncertain; it ranks outputs for error
 detection and inputs for OOD detection), each named once with its label, direction,
-level, display and definition; and the selections reports show, in their order.
+level, display and definition; and the measures the evaluation ranks outputs by for error
+detection. Which of them each report table shows is the experiment's
+(``meshbayes.experiments.selections``).
 
 Per-measure families are ``prr_``, ``auroc_``, ``fpr95_`` + measure (``family_name``) and
 ``equivalence_<slug>_<figure>`` (``equivalence_figure``); no other module spells them.
@@ -370,38 +372,14 @@ FAMILIES = (
            "of the out-of-distribution ones"),
 )
 
-# The run table's figure rows in order (tools/compare_runs.py).
-RUN_TABLE_FIGURES = ("bleu", "exact_match", "exact_match_positives", "mean_probability",
-                     "sequence_ece", "sequence_ece_null_high", "fraction_ece",
-                     "fraction_ece_null_high", "calibration_auroc",
-                     "equivalence_chrf80_positives", "equivalence_chrf80_sequence_ece",
-                     "equivalence_chrf80_sequence_ece_null_high",
-                     "equivalence_chrf80_calibration_auroc", "decoded_token_ece",
-                     "prr_negative_log_probability",
-                     "prr_mutual_information", "token_ece", "token_weighted_ece", "token_nll",
-                     "token_accuracy", "token_brier")
-# The figures the paired-difference and seed tables repeat, in order
-# (tools/experiment_tables.py).
-HEADLINE_FIGURES = ("bleu", "exact_match", "sequence_ece", "fraction_ece", "calibration_auroc",
-                    "equivalence_chrf80_sequence_ece", "equivalence_chrf80_calibration_auroc",
-                    "decoded_token_ece", "prr_negative_log_probability", "token_ece",
-                    "token_nll", "token_brier")
-# The measures outputs are ranked by for error detection (a prr_ figure each), in the
-# order reports show them.
+# The measures outputs are ranked by for error detection (the evaluation computes a prr_
+# figure of each), in the order reports show them.
 ERROR_DETECTION_MEASURES = ("negative_log_probability", "sequence_total_uncertainty",
                             "total_uncertainty", "mutual_information",
                             "reverse_mutual_information", "sequence_reverse_mutual_information",
                             "bleu_disagreement", "beam_total_uncertainty", "beam_data_uncertainty",
                             "beam_mutual_information", "beam_epkl",
                             "beam_reverse_mutual_information")
-# The measures of the run table's OOD rows, in order: every measure an OOD input is scored
-# by (the negative log-probability is of decoded test outputs only).
-OOD_TABLE_MEASURES = ("mutual_information", "reverse_mutual_information",
-                      "expected_pairwise_kl", "total_uncertainty", "data_uncertainty",
-                      "sequence_reverse_mutual_information", "sequence_total_uncertainty",
-                      "sequence_data_uncertainty", "bleu_disagreement",
-                      "beam_mutual_information", "beam_reverse_mutual_information", "beam_epkl",
-                      "beam_total_uncertainty", "beam_data_uncertainty")
 
 
 def _by_name() -> dict[str, Measure]:
@@ -475,8 +453,8 @@ def higher_is_better(name: str) -> bool | None:
 
 
 def check() -> None:
-  """Checks the registry: each name once, none of a family's form, and every name of the
-  selections registered and of the right kind.
+  """Checks the registry: each name once, none of a family's form, and every measure of
+  ``ERROR_DETECTION_MEASURES`` registered and an uncertainty measure.
 
   Raises:
     ValueError: one line naming the bad name.
@@ -488,17 +466,9 @@ def check() -> None:
       raise ValueError(f"MEASURES: {measure.name!r} is registered twice or has the form of "
                        "a family's figure")
     seen.add(measure.name)
-  for selection, chosen, kind in (
-      ("RUN_TABLE_FIGURES", RUN_TABLE_FIGURES, FIGURE),
-      ("HEADLINE_FIGURES", HEADLINE_FIGURES, FIGURE),
-      ("ERROR_DETECTION_MEASURES", ERROR_DETECTION_MEASURES, UNCERTAINTY),
-      ("OOD_TABLE_MEASURES", OOD_TABLE_MEASURES, UNCERTAINTY)):
-    for name in chosen:
-      if get(name).kind != kind:
-        raise ValueError(f"{selection}: {name!r} is not of kind {kind!r}")
-  extra = [name for name in HEADLINE_FIGURES if name not in RUN_TABLE_FIGURES]
-  if extra:
-    raise ValueError(f"HEADLINE_FIGURES: {extra} are not rows of RUN_TABLE_FIGURES")
+  for name in ERROR_DETECTION_MEASURES:
+    if get(name).kind != UNCERTAINTY:
+      raise ValueError(f"ERROR_DETECTION_MEASURES: {name!r} is not of kind {UNCERTAINTY!r}")
 
 
 check()  # a misspelt or doubled name fails on import

@@ -156,6 +156,14 @@ def parse_target(name: str, platform: str | None = None) -> Target:
   return Target(name, platform or "tpu", chips * per_chip, generation, int(usable_gib * GIB))
 
 
+def parse_gpu_target(name: str) -> Target:
+  """``parse_target`` of a name that must be a GPU's (``h100:N``, ``h200:N``)."""
+  target = parse_target(name)
+  if target.platform != "gpu":
+    raise ValueError(f"target {name!r}: name a GPU (h100:N, h200:N)")
+  return target
+
+
 def parse_targets(names: str | Sequence[str], platform: str | None = None) -> list[Target]:
   """Targets from a comma-separated list of names."""
   if isinstance(names, str):

@@ -13,15 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from meshbayes.data.pipeline import TaskData, vocabulary_fingerprint
-from meshbayes.layers import WeightPosterior
 from meshbayes.models.base import BaseModel
 from meshbayes.partitioning import Partitioner
 from meshbayes.training import checkpoints as checkpoints_lib
-from meshbayes.training import ivon as ivon_lib
-from meshbayes.training.optimizers import IVON_META
+from meshbayes.training import run_posteriors
 
 
 class CorruptRunCheckpointError(checkpoints_lib.CorruptCheckpointError):
@@ -59,9 +56,9 @@ def restore_params(model_dir: str | Path, model: BaseModel, data: TaskData,
   """The parameters of a checkpoint, sharded for ``partitioner``, and its step; a
   vocabulary other than the run's is refused (``check_vocabulary``).
 
-  An IVON run's are its posterior: a ``WeightPosterior`` of the parameters
-  (the mean) and the stddevs from the saved Hessian estimate, which
-  evaluation and decoding take in place of the parameters.
+  A run whose checkpoint records a posterior kept beside its parameters (the kinds of
+  ``run_posteriors``) is restored as that posterior, which evaluation and decoding take
+  in place of the parameters.
 
   Raises:
     CheckpointError: no checkpoint (of that step), or one of another model.
@@ -76,20 +73,14 @@ def restore_params(model_dir: str | Path, model: BaseModel, data: TaskData,
   except checkpoints_lib.CorruptCheckpointError as error:
     raise _corrupt(error, model_dir, step_dir) from error
   check_vocabulary(meta, data, model_dir)
-  ivon = meta.get(IVON_META)
-  target = {"params": params}
-  if ivon:
-    target["opt_state"] = {"hessian": jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32), params)}
+  held = run_posteriors.held_by(meta)
+  record = held.record(meta)
+  target = {"params": params, **held.state(params, record)}
   try:
     restored = checkpoints_lib.restore_subtree(step_dir, partitioner.placed(target))
   except checkpoints_lib.CorruptCheckpointError as error:
     raise _corrupt(error, model_dir, step_dir) from error
-  if ivon:
-    stddev = jax.jit(ivon_lib.posterior_stddev, static_argnums=(1, 2))(
-        restored["opt_state"]["hessian"], float(ivon["ess"]), float(ivon["weight_decay"]))
-    return WeightPosterior(restored["params"], stddev), int(step_dir.name)
-  return restored["params"], int(step_dir.name)
+  return held.build(restored, record), int(step_dir.name)
 
 
 def check_vocabulary(meta: dict[str, Any], data: TaskData, model_dir: str | Path) -> None:

@@ -5,7 +5,9 @@ parameter, the stddev ``1 / sqrt(ess * (h + weight_decay))`` comes from a Hessia
 estimate ``h``. ``IVON.transformation``'s ``update`` takes ``GradientStatistics``
 (gradients at ``perturb(params, IVON.noise(state, i))``, ``accumulate``d), not
 gradients, so it is used alone, not in ``optax.chain``; ``IVON.posterior`` is the
-result. The update, its noise and a train step: docs/training.md.
+result. The update, its noise and a train step: docs/training.md. A checkpoint of an
+IVON run records ``IVON_META``; ``checkpoint_state`` and ``checkpoint_posterior`` restore
+its posterior (registered in ``meshbayes.training.run_posteriors``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ Array = jax.Array
 LearningRate = float | Callable[[Array], Array]
 
 _NOISE_STREAM = 0x49564F4E  # "IVON": keeps this stream apart from the trainer's fold_in(seed, step)
+# The checkpoint meta key of an IVON run's ess and weight_decay: with the saved
+# optimizer state they give the posterior (``checkpoint_posterior``).
+IVON_META = "ivon"
 
 
 class IVONState(NamedTuple):
@@ -70,6 +75,23 @@ def posterior_stddev(hessian: Any, ess: float, weight_decay: float) -> Any:
   ``opt_state['hessian']`` gives the posterior: ``WeightPosterior(params, stddev)``.
   """
   return jax.tree.map(lambda h: jax.lax.rsqrt(ess * (h + weight_decay)), hessian)
+
+
+def checkpoint_state(params: Any, record: dict[str, Any]) -> dict[str, Any]:
+  """The checkpoint subtree IVON's posterior is built from besides ``params`` (shapes):
+  the optimizer state's Hessian estimate, float32 like the params' tree."""
+  del record
+  return {"opt_state": {"hessian": jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32), params)}}
+
+
+def checkpoint_posterior(restored: dict[str, Any], record: dict[str, Any]
+                         ) -> WeightPosterior:
+  """The posterior of a restored IVON checkpoint (``checkpoint_state``'s subtree and
+  ``params``), ``record`` its meta's ``IVON_META`` entry (``ess``, ``weight_decay``)."""
+  stddev = jax.jit(posterior_stddev, static_argnums=(1, 2))(
+      restored["opt_state"]["hessian"], float(record["ess"]), float(record["weight_decay"]))
+  return WeightPosterior(restored["params"], stddev)
 
 
 def check_deterministic(params: Any) -> None:

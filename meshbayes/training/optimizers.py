@@ -17,15 +17,14 @@ from flax import traverse_util
 from meshbayes.field_checks import positive_ints, positive_numbers
 from meshbayes.layers.variational import posterior_part
 from meshbayes.training.ivon import IVON
+# Re-exported: the trainer, evaluation and tools read IVON runs' meta key from here.
+from meshbayes.training.ivon import IVON_META  # pylint: disable=unused-import
 
 Array = jax.Array
 
 SCHEDULES = ("constant", "rsqrt", "cosine")
 OPTIMIZERS = ("adamw", "adafactor", "sgd", "ivon")
 KL_SCHEDULES = ("constant", "linear")
-# The checkpoint meta key of an IVON run's ess and weight_decay: with the saved
-# optimizer state they give the posterior (``meshbayes.training.ivon.IVON.posterior``).
-IVON_META = "ivon"
 
 
 def _is_number(value: Any) -> bool:

@@ -13,7 +13,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import traverse_util
+
+from meshbayes.layers.variational import posterior_part
+from meshbayes.training.ivon import IVON_META
 
 Array = jax.Array
 MEDIAN_PREFIX = "posterior_stddev_median/"
@@ -73,3 +77,27 @@ def relative_change(curve: Sequence[tuple[int, float]], fraction: float = 0.1
   if start == last_step:
     start, earlier = points[-2]
   return start, last_step, last / earlier - 1
+
+
+def posterior_moments(saved: dict[str, np.ndarray], meta: dict[str, Any]
+                      ) -> tuple[str, dict[str, tuple[np.ndarray, np.ndarray]]]:
+  """A checkpoint's posterior: ``(description, {weight: (mean, stddev)})``, float64.
+
+  Of its Bayesian layers (``*_loc``, softplus of ``*_scale``), or of an IVON run's
+  optimizer state (the parameters and ``1/sqrt(ess (hessian + weight_decay))``);
+  empty for a deterministic run. ``saved`` is ``checkpoints.read_arrays``'s.
+  """
+  arrays = {k[len("params/"):]: v for k, v in saved.items() if k.startswith("params/")}
+  ivon = meta.get(IVON_META)
+  if ivon:  # the posterior is the optimizer's: stddev from its Hessian estimate
+    prefix = "opt_state/hessian/"
+    return (f"posterior standard deviation (IVON: 1/sqrt(ess * (hessian + weight_decay)), "
+            f"ess={ivon['ess']:.6g}, weight_decay={ivon['weight_decay']:.6g}) per weight:",
+            {k[len(prefix):]: (arrays[k[len(prefix):]].astype(np.float64), 1.0 / np.sqrt(
+                ivon["ess"] * (v.astype(np.float64) + ivon["weight_decay"])))
+             for k, v in saved.items() if k.startswith(prefix)})
+  return ("posterior standard deviation (softplus of *_scale) per weight:",
+          {name[:-len("_scale")]: (arrays[name[:-len("_scale")] + "_loc"].astype(np.float64),
+                                   np.logaddexp(0.0, v.astype(np.float64)))
+           for name, v in arrays.items()
+           if posterior_part(name.rsplit("/", 1)[-1]) is not None and name.endswith("_scale")})

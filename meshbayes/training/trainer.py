@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import math
 import os
@@ -35,11 +36,12 @@ from meshbayes.runtime.metrics_writer import MetricsWriter, ProgressBar
 from meshbayes.runtime.preemption import STOP_EXIT_CODES, STOP_SIGNALS
 from meshbayes.runtime import run_lock
 from meshbayes.training import checkpoints as checkpoints_lib
-from meshbayes.training import compute_log, early_stopping
+from meshbayes.training import compute_log, early_stopping, step_loop
 from meshbayes.training.host_input import HostBatches, HostInput
 from meshbayes.training.optimizers import IVON_META, KLWeight, Optimizer
 from meshbayes.training.posterior_diagnostics import median_stddevs
 from meshbayes.training.run_configs import CheckpointConfig, EvaluationConfig, InputConfig
+from meshbayes.training.step_loop import read_metrics  # public here too (tests replace it)
 from meshbayes.training.train_step import (
   StepFunctions,
   TrainState,
@@ -417,53 +419,73 @@ def _validation(steps: StepFunctions, partitioner: Partitioner, shardings: Any,
   return evaluate
 
 
+@dataclasses.dataclass(frozen=True)
+class _Due:
+  """What the loop does at a step: log, evaluate, save, or stop on ``stop`` (a signal)."""
+  logs: bool
+  evaluates: bool
+  saves: bool
+  stop: int
+
+
 def _train_loop(state: TrainState, start: _Start, compiled: _Compiled, schedule: _Schedule,
                 outputs: _Outputs, evaluate: Callable[[TrainState], dict[str, float]],
                 history: list[tuple[int, float]]) -> TrainState:
-  """Trains ``state`` to ``schedule.train_steps``, logging, evaluating with ``evaluate``
-  (stopping early on ``history``, the validation NLLs so far, extended), saving, and
-  stopping on a signal or a non-finite step."""
+  """Trains ``state`` to ``schedule.train_steps`` (``step_loop.run_steps``), logging,
+  evaluating with ``evaluate`` (stopping early on ``history``, the validation NLLs so far,
+  extended), saving, and stopping on a signal or a non-finite step."""
   ckpts, model_dir, evaluation = outputs.ckpts, outputs.model_dir, schedule.evaluation
   patience, min_delta = evaluation.patience, evaluation.min_delta
   first = step = int(state.step)
   progress = ProgressBar(schedule.train_steps, first)
   STOP_SIGNALS.exit_at_once = False  # from the first new step on, a signal saves it
-  # Metrics stay on the device until a step that logs, evaluates, saves or stops: the host
-  # dispatches the next steps meanwhile (T5X-style). Every step's loss is checked finite
-  # there, and a state before it is saved (a non-finite state makes the next loss so).
+  # Metrics stay on the device until a step that logs, evaluates, saves or stops (the
+  # loop's readings). Every step's loss is checked finite there, and a state before it is
+  # saved (a non-finite state makes the next loss so).
   state_is_finite = jax.jit(lambda state: all_finite((state.params, state.opt_state)))
-  pending: list[tuple[int, dict[str, jax.Array]]] = []
   window: list[dict[str, float]] = []
   window_start, window_tokens = time.perf_counter(), 0.0
-  last_saved, data_position, stopped = start.restored_step, start.data_position, None
-  host_batch = compiled.first_batch
-  while step < schedule.train_steps:
-    if step > first:  # the first step's batch was read to compile the step
-      host_batch = next(compiled.batches)
+  last_saved, stopped = start.restored_step, None
+  # The first step's batch was read to compile the step.
+  host_batches = itertools.chain([compiled.first_batch], compiled.batches)
+  taken = 0
+
+  def advance(state: TrainState, count: int) -> tuple[TrainState, dict[str, jax.Array]]:
+    nonlocal taken, window_tokens
+    del count  # one step per call
+    host_batch = next(host_batches)
     state, metrics = compiled.step_fn(state, host_batch)
-    data_position += 1
-    step += 1
-    pending.append((step, metrics))
-    if step > first + 1:
+    taken += 1
+    if taken > 1:  # the first step includes compilation: not throughput
       window_tokens += float(np.sum(host_batch["decoder_loss_weights"])) * jax.process_count()
-    logs = step % schedule.log_period == 0 or step == schedule.train_steps
-    evaluates = bool(evaluation.period) and step % evaluation.period == 0
-    saves = step % schedule.checkpoint_period == 0 or step == schedule.train_steps
-    stop = STOP_SIGNALS.received
-    if not (logs or evaluates or saves or stop or step == first + 1):
-      continue
-    for done, values in read_metrics(pending):
+    return state, metrics
+
+  def due(step: int) -> _Due | None:
+    now = _Due(logs=step % schedule.log_period == 0 or step == schedule.train_steps,
+               evaluates=bool(evaluation.period) and step % evaluation.period == 0,
+               saves=step % schedule.checkpoint_period == 0 or step == schedule.train_steps,
+               stop=STOP_SIGNALS.received)
+    if now.logs or now.evaluates or now.saves or now.stop or step == first + 1:
+      return now
+    return None
+
+  # ``read_metrics`` looked up here, at the call: a test may replace the module's.
+  for reading in step_loop.run_steps(advance, state, first_step=first,
+                                     train_steps=schedule.train_steps, reads_at=due,
+                                     read=read_metrics):
+    state, step, now = reading.state, reading.step, reading.due
+    saves, stop = now.saves, now.stop
+    for done, values in reading.metrics:
       if not math.isfinite(values["loss"]):
         _stop_non_finite(done, values["loss"], bool(state_is_finite(state)), ckpts, last_saved)
       if done > first + 1:  # the first step includes compilation: not throughput
         window.append(values)
-    pending = []
     if step == first + 1:
       window_start = time.perf_counter()
       progress.start_clock(step)
       _say(f"step {step} took {window_start - compiled.started:.1f} s (compilation "
            "included); training")
-    if window and logs:
+    if window and now.logs:
       seconds = time.perf_counter() - window_start
       logged = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
       logged.update(tokens_per_second=window_tokens / seconds,
@@ -472,7 +494,7 @@ def _train_loop(state: TrainState, start: _Start, compiled: _Compiled, schedule:
       progress.update(step, logged)
       window, window_tokens, window_start = [], 0.0, time.perf_counter()
     paused = time.perf_counter()  # evaluation and saving are not step time
-    if evaluates:
+    if now.evaluates:
       validation = evaluate(state)
       outputs.eval_writer.write(step, validation)
       if patience:
@@ -483,7 +505,7 @@ def _train_loop(state: TrainState, start: _Start, compiled: _Compiled, schedule:
       _stop_non_finite(step, values["loss"], False, ckpts, last_saved)
     if saves or stop:
       outputs.saves_landed()  # the previous save first (``save`` would wait for it too)
-      ckpts.save(step, state, dict(outputs.meta, data_position=data_position),
+      ckpts.save(step, state, dict(outputs.meta, data_position=start.data_position + step - first),
                  compiled.batches.states() if outputs.saves_input else None)
       if last_saved in (None, first):  # this start's first checkpoint
         if compiled.configuration and jax.process_index() == 0:
@@ -512,13 +534,6 @@ def _train_loop(state: TrainState, start: _Start, compiled: _Compiled, schedule:
        f"{model_dir / 'metrics.jsonl'} (TensorBoard: tensorboard --logdir {model_dir}, from "
        "the [tensorboard] extra: pip install -e '.[tensorboard]')")
   return state
-
-
-def read_metrics(pending: list[tuple[int, dict[str, jax.Array]]]
-                 ) -> list[tuple[int, dict[str, float]]]:
-  """The steps' metrics read back from the device at once: the loop's only wait on it."""
-  values = jax.device_get([metrics for _, metrics in pending])
-  return [(step, {k: float(v) for k, v in m.items()}) for (step, _), m in zip(pending, values)]
 
 
 def _stop_non_finite(step: int, loss: float, state_is_finite: bool,

@@ -12,12 +12,12 @@ import jax
 import numpy as np
 import pytest
 
-from meshbayes.evaluation import inference
+from meshbayes.evaluation import context, inference
 from meshbayes.data import text_lines
 from meshbayes.data import IdVocabulary, TaskData
 from meshbayes.models.configurables import preset_config
 from meshbayes.models.encoder_decoder import EncoderDecoderModel
-from meshbayes.evaluation.predictives import Decoded
+from meshbayes.evaluation.decoding import Decoded
 
 VOCABULARY = IdVocabulary(size=32)
 
@@ -97,7 +97,8 @@ def _fresh_params(model_dir, model, data, partitioner, step=None):
 
 def test_infer_writes_a_line_and_a_score_per_input_line(tmp_path, monkeypatch, capsys):
   # Decoding is what is tested here (restoring: tests/training/test_train_in_process.py).
-  monkeypatch.setattr(inference, "restore_params", _fresh_params)
+  monkeypatch.setattr(context, "restore_params", _fresh_params)
+  monkeypatch.setattr(context, "as_trained", lambda model, *args: model)
   model = EncoderDecoderModel(preset_config("tiny", deterministic=True), num_train_units=1)
   long = " ".join(str(i) for i in range(2, 22))  # 20 tokens + EOS into 16: 5 cut
   lines = ["5 6 7 8", "", long, "   "] + [f"{i} {i + 1} {i + 2}" for i in range(2, 11)]
@@ -240,7 +241,7 @@ def test_a_second_infer_to_a_held_output_stops_with_one_line_and_leaves_it_intac
   def restore_params(*args, **kwargs):
     raise AssertionError("infer went past the lock: it would decode and write")
 
-  monkeypatch.setattr(inference, "restore_params", restore_params)
+  monkeypatch.setattr(context, "restore_params", restore_params)
   inputs, output = tmp_path / "in.txt", tmp_path / "out.txt"
   inputs.write_text("5 6 7\n")
   first = {"out.txt": b"7 6 5\n", "out.txt.scores.jsonl": b'{"line": 1}\n',
@@ -277,3 +278,18 @@ def test_a_second_infer_to_a_held_output_stops_with_one_line_and_leaves_it_intac
   assert json.loads(lock.read_text())["pid"] == os.getpid()
   taken.release()
   assert sorted(os.listdir(tmp_path)) == ["in.txt", *sorted(first)]
+
+
+def test_infer_takes_evals_predictive_methods_checked_before_anything_loads(tmp_path):
+  """``infer(method=...)``: eval's methods (``evaluation.methods``), an unknown one a
+  one-line ValueError naming them before any file is read or written."""
+  inputs = tmp_path / "in.txt"
+  inputs.write_text("5 6 7\n")
+  with pytest.raises(ValueError, match=r"^predictive method 'mc_dropot' is not one of .*"
+                                       r"mc_dropout.*; did you mean mc_dropout\?$"):
+    inference.infer(
+        model_dir=str(tmp_path / "run"),
+        model=EncoderDecoderModel(preset_config("tiny", deterministic=True), num_train_units=1),
+        data=TaskData("synthetic_reverse", {"inputs": 16, "targets": 16}, batch_size=8),
+        input_file=str(inputs), output_file=str(tmp_path / "out.txt"), method="mc_dropot")
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]

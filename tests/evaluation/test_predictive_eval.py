@@ -11,7 +11,10 @@ import numpy as np
 import pytest
 
 from meshbayes import metrics, predictive
+from meshbayes.evaluation import decode_passes, decoding
 from meshbayes.evaluation import predictives as predictive_eval
+from meshbayes.evaluation.decode_passes import (BeamMeasures, EquivalenceSamples,
+                                                RescoreOutputs, Resumable, SampleAgreement)
 from meshbayes.models.encoder_decoder import EncoderDecoderModel
 from meshbayes.models.transformer import TransformerConfig
 from meshbayes.partitioning import Partitioner
@@ -22,6 +25,13 @@ CONFIG = TransformerConfig(vocab_size=16, emb_dim=16, num_heads=2, head_dim=8,
                            dropout_rate=0.0)
 MODEL = EncoderDecoderModel(CONFIG, num_train_units=1000)
 LENGTH = 6
+
+
+def decoder(params, inputs, partitioner, predictive, rng=jax.random.key(1), **options):
+  """``decode_and_score(passes)`` of ``inputs`` with the test model and these options."""
+  context = decoding.DecodeContext(MODEL, params, partitioner, predictive, rng, LENGTH, EOS,
+                                   options)
+  return lambda *passes: decoding.decode_and_score(context, inputs, passes)
 
 
 @pytest.fixture(scope="module")
@@ -136,9 +146,7 @@ def test_decode_and_score_reports_each_outputs_probability(setup):
   partitioner, params, batches = setup
   variant = predictive_eval.Predictive("model_average", 2)
   inputs = [b["encoder_input_tokens"] for b in batches]
-  records = predictive_eval.decode_and_score(MODEL, params, inputs, partitioner, variant,
-                                             jax.random.key(1), LENGTH, EOS, method="greedy",
-                                             sample_agreement=True)
+  records = decoder(params, inputs, partitioner, variant, method="greedy")(SampleAgreement())
   assert len(records) == 13  # padding rows skipped
   unboxed = nn.unbox(params)
   # Rescore the first batch's outputs with the model's own score_batch.
@@ -148,7 +156,7 @@ def test_decode_and_score_reports_each_outputs_probability(setup):
           unboxed, {"encoder_input_tokens": inputs[0]}, key)
   score = jax.jit(functools.partial(MODEL.score_batch, num_samples=2))
   for row in range(8):
-    output = predictive_eval.until_eos(np.asarray(tokens[row]), EOS)
+    output = decoding.until_eos(np.asarray(tokens[row]), EOS)
     assert records[row].output_ids == tuple(output)
     targets = np.zeros((1, LENGTH), np.int32)
     ids = (output + [EOS])[:LENGTH]
@@ -172,7 +180,7 @@ def test_decode_and_score_reports_each_outputs_probability(setup):
     np.testing.assert_allclose(measures["reverse_mutual_information"],
                                float(aux["token_reverse_mutual_information"].sum()) / len(ids),
                                rtol=1e-3, atol=1e-7)
-    alone = [predictive_eval.until_eos(np.asarray(jax.jit(
+    alone = [decoding.until_eos(np.asarray(jax.jit(
         lambda p, b, i: MODEL.predict_batch_with_aux(
             p, b, key, method="greedy", num_samples=2, max_length=LENGTH, sample_index=i)[0])(
                 unboxed, {"encoder_input_tokens": inputs[0]}, s)[row]), EOS) for s in range(2)]
@@ -189,12 +197,9 @@ def test_a_temperature_scaled_predictive_scores_its_unscaled_outputs(setup):
   partitioner, params, batches = setup
   inputs = [b["encoder_input_tokens"] for b in batches]
   plain = predictive_eval.Predictive("posterior_mean")
-  decode = functools.partial(predictive_eval.decode_and_score, MODEL, params, inputs,
-                             partitioner, rng=jax.random.key(1), max_length=LENGTH, eos_id=EOS,
-                             method="beam", beam_size=2)
-  records = decode(predictive=plain)
-  scaled = decode(predictive=plain.temperature_scaled(1.7),
-                  outputs=[r.output_ids for r in records])
+  records = decoder(params, inputs, partitioner, plain, method="beam", beam_size=2)()
+  scaled = decoder(params, inputs, partitioner, plain.temperature_scaled(1.7), method="beam",
+                   beam_size=2)(RescoreOutputs([r.output_ids for r in records]))
   assert [r.output_ids for r in scaled] == [r.output_ids for r in records]
   unboxed = nn.unbox(params)
   row = next(i for i, r in enumerate(records) if r.output_ids)
@@ -216,17 +221,16 @@ def test_options_a_decoding_method_does_not_read_share_its_compiled_programs(set
   search of another size builds its own."""
   partitioner, params, batches = setup
   inputs = [batches[0]["encoder_input_tokens"]]
-  decode = functools.partial(predictive_eval.decode_and_score, MODEL, params, inputs,
-                             partitioner, predictive_eval.Predictive("posterior_mean"),
-                             jax.random.key(1), LENGTH, EOS)
-  predictive_eval._programs.cache_clear()
+  decode = lambda **options: decoder(params, inputs, partitioner,
+                                    predictive_eval.Predictive("posterior_mean"), **options)()
+  decoding.programs.cache_clear()
   given_beam = decode(method="greedy", beam_size=4, alpha=0.6)
-  assert predictive_eval._programs.cache_info().misses == 1
+  assert decoding.programs.cache_info().misses == 1
   assert decode(method="greedy") == given_beam
-  assert predictive_eval._programs.cache_info()[:2] == (1, 1)  # (hits, misses)
+  assert decoding.programs.cache_info()[:2] == (1, 1)  # (hits, misses)
   decode(method="beam", beam_size=2)
   decode(method="beam", beam_size=3)
-  assert predictive_eval._programs.cache_info().misses == 3
+  assert decoding.programs.cache_info().misses == 3
 
 
 def independent_beam_measures(params, inputs, key, beam_size, num_samples=2):
@@ -246,7 +250,7 @@ def independent_beam_measures(params, inputs, key, beam_size, num_samples=2):
   for row in range(len(inputs)):
     seen = set()
     for b in range(beam_size):
-      output = predictive_eval.until_eos(sequences[row, b], EOS)
+      output = decoding.until_eos(sequences[row, b], EOS)
       if not sequences[row, b].any() or tuple(output) in seen:
         continue
       seen.add(tuple(output))
@@ -270,10 +274,9 @@ def test_beam_measures_score_every_hypothesis_of_the_beam(setup):
   they are the one-hypothesis measures."""
   partitioner, params, batches = setup
   inputs = [batches[0]["encoder_input_tokens"]]
-  decode = functools.partial(predictive_eval.decode_and_score, MODEL, params, inputs,
-                             partitioner, predictive_eval.Predictive("model_average", 2),
-                             jax.random.key(1), LENGTH, EOS, method="beam")
-  plain, records = decode(beam_size=3), decode(beam_size=3, beam_measures=True)
+  decode = lambda *passes, **options: decoder(
+      params, inputs, partitioner, predictive_eval.Predictive("model_average", 2), **{"method": "beam", **options})(*passes)
+  plain, records = decode(beam_size=3), decode(BeamMeasures(), beam_size=3)
   assert [dataclasses.replace(r, measures={k: v for k, v in r.measures.items()
                                            if not k.startswith("beam_")}) for r in records
           ] == plain
@@ -286,12 +289,12 @@ def test_beam_measures_score_every_hypothesis_of_the_beam(setup):
                                rtol=1e-4, atol=1e-6, err_msg=name)
   assert any(abs(r.measures["beam_total_uncertainty"] - r.measures["sequence_total_uncertainty"])
              > 1e-3 for r in records)  # the other hypotheses count
-  for record in decode(beam_size=1, beam_measures=True):
+  for record in decode(BeamMeasures(), beam_size=1):
     for name in ("total_uncertainty", "data_uncertainty", "reverse_mutual_information"):
       np.testing.assert_allclose(record.measures[f"beam_{name}"],
                                  record.measures[f"sequence_{name}"], rtol=1e-6, err_msg=name)
   with pytest.raises(ValueError, match="beam_measures=True needs method='beam', not 'greedy'"):
-    decode(method="greedy", beam_measures=True)
+    decode(BeamMeasures(), method="greedy")
 
 
 def test_one_models_beam_total_uncertainty_weighs_its_whole_beam(setup):
@@ -300,10 +303,9 @@ def test_one_models_beam_total_uncertainty_weighs_its_whole_beam(setup):
   ``sequence_total_uncertainty``; every other figure as without the option."""
   partitioner, params, batches = setup
   inputs = [batches[0]["encoder_input_tokens"]]
-  decode = functools.partial(predictive_eval.decode_and_score, MODEL, params, inputs,
-                             partitioner, predictive_eval.Predictive("posterior_mean"),
-                             jax.random.key(1), LENGTH, EOS, method="beam")
-  plain, records = decode(beam_size=3), decode(beam_size=3, beam_measures=True)
+  decode = lambda *passes, **options: decoder(
+      params, inputs, partitioner, predictive_eval.Predictive("posterior_mean"), **{"method": "beam", **options})(*passes)
+  plain, records = decode(beam_size=3), decode(BeamMeasures(), beam_size=3)
   assert [dataclasses.replace(r, measures={k: v for k, v in r.measures.items()
                                            if k != "beam_total_uncertainty"}) for r in records
           ] == plain
@@ -313,7 +315,7 @@ def test_one_models_beam_total_uncertainty_weighs_its_whole_beam(setup):
                              rtol=1e-4, atol=1e-6)
   assert any(abs(r.measures["beam_total_uncertainty"] - r.measures["sequence_total_uncertainty"])
              > 1e-3 for r in records)
-  for record in decode(beam_size=1, beam_measures=True):
+  for record in decode(BeamMeasures(), beam_size=1):
     assert record.measures["beam_total_uncertainty"] == pytest.approx(
         record.measures["sequence_total_uncertainty"], rel=1e-6)
 
@@ -362,11 +364,9 @@ def test_equivalence_samples_are_ancestral_draws_scored_like_the_output(setup, n
   partitioner, params, batches = setup
   inputs = [batches[0]["encoder_input_tokens"]]
   variant = predictive_eval.predictives(True, num_samples)[0]
-  decode = functools.partial(predictive_eval.decode_and_score, MODEL, params, inputs,
-                             partitioner, rng=jax.random.key(1), max_length=LENGTH, eos_id=EOS,
-                             method="greedy")
-  plain, records = decode(predictive=variant), decode(predictive=variant, equivalence_samples=3)
-  assert decode(predictive=variant, equivalence_samples=0) == plain
+  decode = lambda predictive, *passes: decoder(params, inputs, partitioner, predictive,
+                                               method="greedy")(*passes)
+  plain, records = decode(variant), decode(variant, EquivalenceSamples(3))
   assert all(r.samples == () == r.sample_log_probs for r in plain)
   assert [dataclasses.replace(r, samples=(), sample_log_probs=()) for r in records] == plain
   key = jax.random.fold_in(jax.random.key(1), 0)  # the first batch's
@@ -374,15 +374,15 @@ def test_equivalence_samples_are_ancestral_draws_scored_like_the_output(setup, n
       MODEL.predict_batch_with_aux, method="sample", num_decodes=3, temperature=1.0,
       num_samples=num_samples, max_length=LENGTH))(
           nn.unbox(params), {"encoder_input_tokens": inputs[0]},
-          jax.random.fold_in(key, predictive_eval._EQUIVALENCE_STREAM))
-  drawn = [[tuple(predictive_eval.until_eos(ids, EOS)) for ids in row]
+          jax.random.fold_in(key, decode_passes.EQUIVALENCE_STREAM))
+  drawn = [[tuple(decoding.until_eos(ids, EOS)) for ids in row]
            for row in np.asarray(aux["all_sequences"])]
   assert [list(r.samples) for r in records] == drawn
   assert len({s for r in records for s in r.samples}) > 8  # draws, not one mode per input
   expected = independent_sample_log_probs(params, inputs[0], drawn, key, num_samples)
   np.testing.assert_allclose([r.sample_log_probs for r in records], expected, rtol=1e-5)
-  scaled = decode(predictive=variant.temperature_scaled(1.7), equivalence_samples=3,
-                  outputs=[r.output_ids for r in records], samples=[r.samples for r in records])
+  scaled = decode(variant.temperature_scaled(1.7), RescoreOutputs([r.output_ids for r in records]),
+                  EquivalenceSamples(3, given=[r.samples for r in records]))
   assert [r.samples for r in scaled] == [r.samples for r in records]
   np.testing.assert_allclose([r.sample_log_probs for r in scaled], independent_sample_log_probs(
       params, inputs[0], drawn, key, num_samples, temperature=1.7), rtol=1e-5)
@@ -397,16 +397,15 @@ def test_the_equivalence_samples_option_is_checked(setup):
                                          "must be an int from 0 \\(off\\) to 16"):
       PredictiveConfig(equivalence_samples=bad)
   partitioner, params, batches = setup
-  decode = functools.partial(predictive_eval.decode_and_score, MODEL, params,
-                             [batches[0]["encoder_input_tokens"]], partitioner,
-                             predictive_eval.Predictive("posterior_mean"), jax.random.key(1),
-                             LENGTH, EOS, method="greedy")
-  with pytest.raises(ValueError, match="equivalence_samples=17 must be from 0 to 16"):
-    decode(equivalence_samples=17)
+  decode = decoder(params, [batches[0]["encoder_input_tokens"]], partitioner,
+                   predictive_eval.Predictive("posterior_mean"), method="greedy")
+  for bad in (0, 17):
+    with pytest.raises(ValueError, match=f"equivalence_samples={bad} must be from 1 to 16"):
+      EquivalenceSamples(bad)
   with pytest.raises(ValueError, match="pass outputs too"):
-    decode(equivalence_samples=2, samples=[[(3,), (4,)]] * 8)
+    decode(EquivalenceSamples(2, given=[[(3,), (4,)]] * 8))
   with pytest.raises(ValueError, match="row 0 has 1 samples, not equivalence_samples=2"):
-    decode(equivalence_samples=2, outputs=[(3,)] * 8, samples=[[(3,)]] * 8)
+    decode(RescoreOutputs([(3,)] * 8), EquivalenceSamples(2, given=[[(3,)]] * 8))
 
 
 def test_an_interrupted_decoding_resumes_to_the_uninterrupted_result(setup, tmp_path):
@@ -419,10 +418,9 @@ def test_an_interrupted_decoding_resumes_to_the_uninterrupted_result(setup, tmp_
   partitioner, params, batches = setup
   inputs = [b["encoder_input_tokens"] for b in batches]
   variant = predictive_eval.predictives(True, 2)[0]
-  decode = functools.partial(predictive_eval.decode_and_score, MODEL, params, inputs,
-                             partitioner, rng=jax.random.key(1), max_length=LENGTH, eos_id=EOS,
-                             method="greedy", equivalence_samples=2)
-  whole = decode(predictive=variant)
+  decode = lambda predictive, *passes: decoder(params, inputs, partitioner, predictive,
+                                               method="greedy")(EquivalenceSamples(2), *passes)
+  whole = decode(variant)
   fingerprint = {"step": 4, "variant": variant.name}
 
   class Killed(Exception):
@@ -435,19 +433,20 @@ def test_an_interrupted_decoding_resumes_to_the_uninterrupted_result(setup, tmp_
 
   log = resumable.DecodeLog(tmp_path, variant.name, fingerprint)
   with pytest.raises(Killed):
-    decode(predictive=variant, on_batch=killed_after_first)
+    decode(variant, Resumable(on_batch=killed_after_first))
   with log.path.open("a") as file:  # a line cut short by the kill
     file.write('{"batch": 1, "records": [{"output_')
   log = resumable.DecodeLog(tmp_path, variant.name, fingerprint)
   assert len(log.done) == 1 and log.done[0] == whole[:8]
-  assert decode(predictive=variant, done=log.done, on_batch=log.save) == whole
+  assert decode(variant, Resumable(log.done, log.save)) == whole
   assert len(resumable.DecodeLog(tmp_path, variant.name, fingerprint).done) == 2
   assert resumable.DecodeLog(tmp_path, variant.name, {**fingerprint, "step": 6}).done == []
   # A rescoring predictive skips the saved batches' rows of the outputs it is given.
-  scaled = functools.partial(decode, predictive=variant.temperature_scaled(1.7),
-                             outputs=[r.output_ids for r in whole],
-                             samples=[r.samples for r in whole])
+  scaled = lambda *passes: decoder(params, inputs, partitioner, variant.temperature_scaled(1.7),
+                                   method="greedy")(
+      RescoreOutputs([r.output_ids for r in whole]),
+      EquivalenceSamples(2, given=[r.samples for r in whole]), *passes)
   rescored = scaled()
-  assert scaled(done=[rescored[:8]]) == rescored
+  assert scaled(Resumable([rescored[:8]])) == rescored
   resumable.remove(tmp_path)
   assert not (tmp_path / "partial").exists()

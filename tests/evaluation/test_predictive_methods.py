@@ -1,4 +1,5 @@
-"""The registry of predictive methods: what the experiment trains and evaluates follows it."""
+"""The registry of predictive methods: how each builds its posterior and which runs it fits
+(what the experiment trains and evaluates of each: tests/experiments/test_recipes.py)."""
 
 import contextlib
 import dataclasses
@@ -11,9 +12,10 @@ import orbax.checkpoint as ocp
 import pytest
 
 from meshbayes.evaluation import methods as predictive_methods
+from meshbayes.experiments import recipes
 from meshbayes.layers import Ensemble, MCDropout, WeightPosterior
-from meshbayes.tools import experiment_plan
 from meshbayes.training import checkpoints
+from tests.experiments.recipe_configs import trained_config
 from tests.training.runs import command, train_args, train_or_fail
 
 
@@ -68,68 +70,6 @@ def test_the_ensemble_stacks_the_run_and_its_members():
   assert posterior.members["w"][:, 0].tolist() == [0.0, 1.0, 2.0]
   with pytest.raises(ValueError, match="needs ensemble_dirs"):
     predictive_methods.get("ensemble").build(_Model(), {"w": 0}, _inputs())
-
-
-def test_the_experiments_runs_and_bindings_follow_the_registry(tmp_path: Path):
-  budget = experiment_plan.Budget(train_steps=4, eval_period=2, ensemble_size=3, seeds=2,
-                                  methods=("deterministic", "mc_dropout", "ensemble", "ivon"))
-  assert budget.runs == {
-      "deterministic": ("uncertainty/deterministic.gin", 0),
-      "deterministic_seed1": ("uncertainty/deterministic.gin", 1),
-      "deterministic_seed2": ("uncertainty/deterministic.gin", 2),
-      "ivon": ("uncertainty/ivon.gin", 0), "ivon_seed1": ("uncertainty/ivon.gin", 1)}
-  # Without a method that combines runs, the deterministic recipe trains once.
-  assert set(dataclasses.replace(budget, methods=("mc_dropout", "bayesian")).runs) == {
-      "deterministic", "bayesian", "bayesian_seed1"}
-  for run in budget.runs:
-    (tmp_path / "runs" / run / "checkpoints" / "4").mkdir(parents=True)
-  found = experiment_plan.evaluations(dataclasses.replace(budget, checkpoints=("final",)),
-                                      tmp_path)
-  assert found["mc_dropout@final"] == {"method": "mc_dropout", "run": "deterministic", "step": 4,
-                                       "extra": ["evaluation.PredictiveConfig.method='mc_dropout'"]}
-  members = [tmp_path / "runs" / f"deterministic_seed{k}" / "checkpoints" / "4" for k in (1, 2)]
-  assert found["ensemble@final"]["extra"] == [
-      "evaluation.PredictiveConfig.method='ensemble'",
-      f"evaluation.PredictiveConfig.ensemble_dirs=['{members[0]}', '{members[1]}']"]
-  assert found["ivon@final"] == {"method": "ivon", "run": "ivon", "step": 4, "extra": []}
-  with pytest.raises(ValueError, match="methods=\\('laplacian',\\): each must be one of "):
-    experiment_plan.Budget(train_steps=4, eval_period=2, methods=("laplacian",))
-
-
-def test_the_controls_are_the_bayesian_recipe_with_one_change_each():
-  """MAP: the Bayesian layers' recipe without weight noise, evaluated at its mean; KL 1 and
-  0.3: the recipe at another KL weight; each run by its own recipe, each temperature-scaled."""
-  bound = lambda recipe: set(_trained_config(experiment_plan.RECIPES[recipe]).splitlines())
-  bayesian = bound("bayesian")
-  assert bound("map") - bayesian == {"EncoderDecoderModel.weight_noise = False"}
-  assert "KLWeight.value = 0.1" in bayesian  # resolve tells the recipes by these two
-  assert not any("weight_noise" in line for line in bayesian)  # unbound: on
-  for weight in ("1", "0.3"):
-    assert bound(f"bayesian_kl{weight}") - bayesian == {f"KLWeight.value = {float(weight)}"}
-  assert "map" not in experiment_plan.Budget(train_steps=4, eval_period=2).methods
-  budget = experiment_plan.Budget(train_steps=4, eval_period=2, seeds=2,
-                                  methods=experiment_plan.CONTROLS)
-  assert budget.runs["map_seed1"] == ("uncertainty/map.gin", 1)
-  assert "evaluation.PredictiveConfig.num_samples=0" in predictive_methods.get("map").eval_bindings
-  for name in ("bayesian", *experiment_plan.CONTROLS):
-    assert ("evaluation.PredictiveConfig.temperature_scaling=True"
-            in predictive_methods.get(name).eval_bindings)
-
-
-def _trained_config(gin_file):
-  """The config.gin a run of ``gin_file`` (under gin_configs/) records (gin.config_str)."""
-  import gin
-
-  from meshbayes import configurables  # noqa: F401  (registers the configurables)
-  from meshbayes.gin_configs import DIRECTORY as GIN_CONFIGS
-
-  gin.clear_config()
-  gin.add_config_file_search_path(str(GIN_CONFIGS))
-  gin.parse_config_files_and_bindings([str(GIN_CONFIGS / gin_file)],
-                                      ["MODEL_DIR = 'x'", "TRAIN_STEPS = 1"], skip_unknown=True)
-  config = gin.config_str()
-  gin.clear_config()
-  return config
 
 
 # Which methods fit which run, told before anything is restored (issue 65).
@@ -200,9 +140,9 @@ def test_the_recipes_runs_are_told_by_what_their_config_gin_records(tmp_path):
   model = _Model(is_bayesian=True)
   for recipe in ("bayesian", "map", "bayesian_kl1", "bayesian_kl0.3", "example"):
     (tmp_path / recipe).mkdir()
-    (tmp_path / recipe / "config.gin").write_text(_trained_config(
+    (tmp_path / recipe / "config.gin").write_text(trained_config(
         "examples/tiny_synthetic_bayesian.gin" if recipe == "example"
-        else experiment_plan.RECIPES[recipe]))
+        else recipes.gin_file(recipe)))
     expected = "as_trained" if recipe == "example" else recipe
     assert predictive_methods.resolve(None, model, {}, tmp_path / recipe) == expected, recipe
   assert predictive_methods.run_record(model, {}, tmp_path / "example").methods() == (

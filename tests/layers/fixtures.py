@@ -13,14 +13,23 @@ from flax import traverse_util
 from jax.sharding import NamedSharding
 
 from meshbayes import layers
-from meshbayes.layers import estimators, softplus_inverse
+from meshbayes.layers import ESTIMATORS, estimators, softplus_inverse
 from meshbayes.partitioning import Partitioner
 
 # Sampled moments are checked within Z standard errors (tests/layers/test_estimator_moments.py).
 Z = 4.5
-DENSE_CLASSES = ("DenseReparameterization", "DenseFlipout", "DenseLocalReparameterization")
-GENERAL_CLASSES = ("DenseGeneralReparameterization", "DenseGeneralFlipout",
-                   "DenseGeneralLocalReparameterization")
+BAYESIAN_ESTIMATORS = tuple(name for name in ESTIMATORS if name != "deterministic")
+
+
+def bayesian_classes(lookup, names=ESTIMATORS) -> tuple[str, ...]:
+  """The names of a layer family's Bayesian classes, one per estimator of ``names`` but
+  ``'deterministic'``, from the family's lookup (``layers.dense_class``): a new estimator
+  joins every test parametrized by them."""
+  return tuple(lookup(name).__name__ for name in names if name != "deterministic")
+
+
+DENSE_CLASSES = bayesian_classes(layers.dense_class)
+GENERAL_CLASSES = bayesian_classes(layers.dense_general_class)
 
 
 def randomize_posterior(params, key, stddev_range=(0.2, 1.0)):

@@ -24,6 +24,7 @@ from meshbayes.layers import attention
 from meshbayes.partitioning import Partitioner
 from tests.layers.fixtures import (
   assert_moments,
+  bayesian_classes,
   expected_bayesian,
   f64,
   randomize_posterior,
@@ -31,9 +32,7 @@ from tests.layers.fixtures import (
   stddev,
 )
 
-BAYESIAN = ("MultiHeadDotProductAttentionReparameterization",
-            "MultiHeadDotProductAttentionFlipout",
-            "MultiHeadDotProductAttentionLocalReparameterization")
+BAYESIAN = bayesian_classes(layers.attention_class)
 PROJECTIONS = ("query", "key", "value", "out")
 NUM_SAMPLES = 40_000
 

@@ -25,6 +25,7 @@ from meshbayes.layers import conv, estimators
 from tests.layers.fixtures import (
   Z,
   assert_moments,
+  bayesian_classes,
   boxed,
   correlation,
   expected_bayesian,
@@ -35,7 +36,7 @@ from tests.layers.fixtures import (
   stddev,
 )
 
-CLASSES = ("ConvReparameterization", "ConvFlipout", "ConvLocalReparameterization")
+CLASSES = bayesian_classes(layers.conv_class)
 NUM_SAMPLES = 40_000
 
 # (layer attributes, input shape, two positions of example 0 with overlapping windows)

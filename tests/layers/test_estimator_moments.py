@@ -23,6 +23,7 @@ from tests.layers.fixtures import (
   GENERAL_CLASSES,
   Z,
   assert_moments,
+  bayesian_classes,
   correlation,
   f64,
   randomize_posterior,
@@ -70,7 +71,7 @@ def test_dense_general_moments(cls_name):
   assert_moments(samples, mean, var)
 
 
-EMBED_CLASSES = ("EmbedReparameterization", "EmbedFlipout", "EmbedLocalReparameterization")
+EMBED_CLASSES = bayesian_classes(layers.embed_class)
 
 
 @pytest.mark.parametrize("cls_name", EMBED_CLASSES)

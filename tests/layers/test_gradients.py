@@ -7,7 +7,14 @@ import numpy as np
 import pytest
 
 from meshbayes import layers
-from tests.layers.fixtures import DENSE_CLASSES, GENERAL_CLASSES, randomize_posterior
+from tests.layers.fixtures import (
+  DENSE_CLASSES,
+  GENERAL_CLASSES,
+  bayesian_classes,
+  randomize_posterior,
+)
+
+EMBED_CLASSES = bayesian_classes(layers.embed_class)
 
 
 def make(cls_name, **kwargs):
@@ -39,8 +46,7 @@ def test_gradients_reach_every_variational_parameter(cls_name):
     assert float(jnp.max(jnp.abs(g))) > 0, f"no gradient reaches {name}"
 
 
-@pytest.mark.parametrize("cls_name", ["EmbedReparameterization", "EmbedFlipout",
-                                      "EmbedLocalReparameterization"])
+@pytest.mark.parametrize("cls_name", EMBED_CLASSES)
 def test_embed_gradients_reach_loc_and_scale(cls_name):
   layer = getattr(layers, cls_name)(num_embeddings=5, features=3)
   ids = jnp.array([[0, 1, 4]])
@@ -59,12 +65,7 @@ def test_zero_inputs_give_finite_gradients():
   assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
 
 
-TWINS = {
-    "DenseReparameterization": nn.Dense, "DenseFlipout": nn.Dense,
-    "DenseLocalReparameterization": nn.Dense,
-    "DenseGeneralReparameterization": nn.DenseGeneral, "DenseGeneralFlipout": nn.DenseGeneral,
-    "DenseGeneralLocalReparameterization": nn.DenseGeneral,
-}
+TWINS = {**dict.fromkeys(DENSE_CLASSES, nn.Dense), **dict.fromkeys(GENERAL_CLASSES, nn.DenseGeneral)}
 
 
 @pytest.mark.parametrize("cls_name", DENSE_CLASSES + GENERAL_CLASSES)
@@ -81,8 +82,7 @@ def test_posterior_mean_is_deterministic_and_equals_the_twin(cls_name):
     np.testing.assert_array_equal(out, expected)
 
 
-@pytest.mark.parametrize("cls_name", ["Embed", "EmbedReparameterization", "EmbedFlipout",
-                                      "EmbedLocalReparameterization"])
+@pytest.mark.parametrize("cls_name", ("Embed",) + EMBED_CLASSES)
 def test_embed_posterior_mean_equals_the_twin(cls_name):
   layer = getattr(layers, cls_name)(num_embeddings=6, features=3, deterministic=True)
   ids = jnp.array([[0, 5, 2]])

@@ -10,14 +10,16 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from meshbayes import layers
-from meshbayes.layers.lstm import RNN
+from meshbayes.layers.lstm import LSTM_ESTIMATORS, RNN
 from tests.layers.fixtures import (
+  bayesian_classes,
   randomize_posterior,
   sharded_grads_equal_unsharded,
   stddev,
 )
 
 GATES = ("i", "f", "g", "o")
+CELLS = bayesian_classes(layers.lstm_cell_class, LSTM_ESTIMATORS)
 X = jax.random.normal(jax.random.key(0), (3, 5))
 CARRY = (jax.random.normal(jax.random.key(1), (3, 4)), jax.random.normal(jax.random.key(2),
                                                                           (3, 4)))
@@ -27,8 +29,7 @@ def f64(x):
   return np.asarray(x, np.float64)
 
 
-@pytest.mark.parametrize("cls_name", ["LSTMCell", "LSTMCellReparameterization",
-                                      "LSTMCellFlipout"])
+@pytest.mark.parametrize("cls_name", ("LSTMCell",) + CELLS)
 def test_swap_with_flax_lstm_cell(cls_name):
   """Same parameter names and shapes as nn.LSTMCell (with _loc/_scale for Bayesian
   kernels), logical axes on each; with flax's weights as posterior means (moped_params),
@@ -60,7 +61,7 @@ def test_swap_with_flax_lstm_cell(cls_name):
     assert float(jnp.abs(drawn[1] - expected[1]).max()) > 1e-4
 
 
-@pytest.mark.parametrize("cls_name", ["LSTMCellReparameterization", "LSTMCellFlipout"])
+@pytest.mark.parametrize("cls_name", CELLS)
 def test_scan_holds_one_weight_sample_over_time(cls_name):
   """With the forget gate shut (bias -1e4) and the hidden-state kernels at 0 (stddev 1e-9),
   a step's output depends on its input and the weights alone: fed the same input at
@@ -87,7 +88,7 @@ def test_scan_holds_one_weight_sample_over_time(cls_name):
   assert float(jnp.abs(resampled - resampled[:, :1]).max()) > 1e-3
 
 
-@pytest.mark.parametrize("cls_name", ["LSTMCellReparameterization", "LSTMCellFlipout"])
+@pytest.mark.parametrize("cls_name", CELLS)
 def test_scan_equals_a_step_by_step_unroll_with_the_same_rngs(cls_name):
   """RNN over the whole sequence equals a Python loop that applies it one step at a time
   (carry in, carry out) with the same 'sample' key: the noise does not depend on the
@@ -135,7 +136,7 @@ def test_nn_rnn_without_the_sample_rng_says_how_to_pass_it():
     rnn.apply(variables, x, rngs={"sample": jax.random.key(1)})
 
 
-@pytest.mark.parametrize("cls_name", ["LSTMCellReparameterization", "LSTMCellFlipout"])
+@pytest.mark.parametrize("cls_name", CELLS)
 def test_gate_pre_activation_moments(cls_name):
   """Each gate's pre-activation, the sum of its two dense maps (captured intermediates),
   has mean x W_loc + h U_loc + b and variance x^2 sigma_W^2 + h^2 sigma_U^2 (independent

@@ -25,9 +25,9 @@ from meshbayes.layers import attention, conv, embed, estimators
 from meshbayes.layers.dense import dense_class, dense_general_class
 from meshbayes.layers.variational import stddev_of_scale
 from meshbayes.partitioning import Partitioner
-from tests.layers.fixtures import storing_noise
+from tests.layers.fixtures import BAYESIAN_ESTIMATORS, storing_noise
 
-BAYESIAN = ("reparameterization", "flipout", "local_reparameterization")
+BAYESIAN = BAYESIAN_ESTIMATORS
 def _matmul(x, kernel, preferred_element_type=None):
   return lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())),
                          preferred_element_type=preferred_element_type)

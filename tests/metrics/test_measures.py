@@ -1,8 +1,6 @@
 """The registry of evaluation measures: it names every figure and measure the evaluation
 emits, with the directions known from their definitions, and refuses unknown names."""
 
-import inspect
-
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -11,7 +9,6 @@ from meshbayes import metrics, predictive
 from meshbayes.evaluation import items as evaluation_items
 from meshbayes.evaluation.items import OodScores, SourceItems
 from meshbayes.metrics import equivalence, measures
-from meshbayes.tools import experiment_report, experiment_tables
 
 WORDS = "le chat noir dort sur un tapis rouge".split()
 
@@ -146,34 +143,19 @@ def test_bad_names_and_entries_are_one_line_errors_naming_them(call, words):
 
 
 def test_the_registry_is_checked_on_import(monkeypatch):
+  """(Which measures each report table shows: tests/experiments/test_selections.py.)"""
   measures.check()
-  monkeypatch.setattr(measures, "HEADLINE_FIGURES", ("bleu", "token_eec"))
+  monkeypatch.setattr(measures, "ERROR_DETECTION_MEASURES", ("bleu_disagreement", "token_eec"))
   with pytest.raises(ValueError, match="unknown measure 'token_eec'"):
     measures.check()
-  monkeypatch.setattr(measures, "HEADLINE_FIGURES", ("bleu", "mean_sentence_bleu"))
-  with pytest.raises(ValueError, match=r"HEADLINE_FIGURES: \['mean_sentence_bleu'\] are not"):
+  monkeypatch.setattr(measures, "ERROR_DETECTION_MEASURES", ("bleu",))
+  with pytest.raises(ValueError, match="ERROR_DETECTION_MEASURES: 'bleu' is not of kind"):
     measures.check()
-  monkeypatch.setattr(measures, "HEADLINE_FIGURES", ("bleu",))
-  monkeypatch.setattr(measures, "OOD_TABLE_MEASURES", ("bleu",))
-  with pytest.raises(ValueError, match="OOD_TABLE_MEASURES: 'bleu' is not of kind"):
-    measures.check()
-  monkeypatch.setattr(measures, "OOD_TABLE_MEASURES", ())
+  monkeypatch.setattr(measures, "ERROR_DETECTION_MEASURES", ())
   monkeypatch.setattr(measures, "MEASURES", measures.MEASURES + measures.MEASURES[:1])
   with pytest.raises(ValueError, match="'token_ece' is registered twice"):
     measures.check()
-
-
-def test_reports_show_every_measure_an_input_is_scored_by():
-  # OOD inputs carry every measure but the negative log-probability of a decoded output.
-  assert set(measures.OOD_TABLE_MEASURES) == set(measures.names(kind=measures.UNCERTAINTY)) - {
-      evaluation_items.NEGATIVE_LOG_PROBABILITY}
-  assert evaluation_items.ERROR_MEASURES[0] == evaluation_items.NEGATIVE_LOG_PROBABILITY
-
-
-def test_the_measures_the_tools_fix_in_advance_are_registered():
-  plotted = inspect.signature(experiment_report.plot_ood).parameters["measures"].default
-  for name in (*experiment_tables.OOD_MEASURES, *plotted):
-    assert measures.get(name).kind == measures.UNCERTAINTY, name
+  assert not hasattr(measures, "HEADLINE_FIGURES")  # the report's: defined once, elsewhere
 
 
 def test_each_sequence_calibration_figure_names_the_count_of_its_positive_labels():

@@ -1,10 +1,14 @@
-"""tools/bench.py at toy sizes: every section runs and reports consistent figures."""
+"""tools/bench.py (meshbayes.scaling.benchmarks, trainer_benchmarks) at toy sizes: every
+section runs and reports consistent figures."""
 
 import json
 
 import pytest
 
+from meshbayes.layers import estimators
+from meshbayes.scaling.ablations import NOISE_ABLATIONS
 from meshbayes.tools import bench
+from meshbayes.training import ivon
 
 
 @pytest.mark.integration
@@ -35,14 +39,14 @@ def test_every_section_reports_its_ratios(tmp_path):
   assert step["flops"]["ivon_without_noise"]["all"] < step["flops"]["ivon"]["all"]
   assert step["flops"]["ivon_without_stddev_metrics"]["all"] < step["flops"]["ivon"]["all"]
   assert set(step) >= {"ivon_without_noise_time_ratio", "ivon_without_stddev_metrics_time_ratio"}
-  assert bench.ivon.IVON.noise.__name__ == "noise"
+  assert ivon.IVON.noise.__name__ == "noise"
   # Stored noise: the variance's matmul is not done again; keeping the variance: neither.
-  matmuls = {name: step["flops"][name]["traced_matmul"] for name in bench.NOISE_ABLATIONS}
+  matmuls = {name: step["flops"][name]["traced_matmul"] for name in NOISE_ABLATIONS}
   assert matmuls["bayesian_storing_noise"] < step["flops"]["bayesian"]["traced_matmul"]
   assert matmuls["bayesian_keeping_variance"] == matmuls["bayesian_storing_noise"]
   for name in ("regenerating_time_ratio", "keeping_variance_time_ratio"):
     assert 0 < step[name]["low"] <= step[name]["estimate"] <= step[name]["high"]
-  assert bench.estimators.DENSE["flipout"].__wrapped__ is bench.estimators.flipout
+  assert estimators.DENSE["flipout"].__wrapped__ is estimators.flipout
   layers = report["layers"]["default"]
   # The compiled programs' matmul floors: one extra matmul per Flipout / LR layer.
   assert abs(layers["matmul_flop_ratio"]["flipout"] - 2.0) < 0.01
@@ -76,7 +80,10 @@ def test_every_section_reports_its_ratios(tmp_path):
 def test_unknown_sections_and_tasks_are_one_line_errors(capsys):
   for flag, message in (("--sections=steps", "unknown"), ("--pipeline_tasks=wmt", "unknown"),
                         ("--resume_task=wmt", "unknown"),
-                        ("--trainer_steps=1,2,3", "one count per --trainer_models")):
+                        ("--trainer_steps=1,2,3", "one count per --trainer_models"),
+                        ("--step_target=cpu:1",
+                         "--step_target: target 'cpu:1': name a GPU (h100:N, h200:N)"),
+                        ("--step_target=x100:1", "--step_target: ")):
     with pytest.raises(SystemExit):
       bench.parse_args([flag])
     assert message in capsys.readouterr().err

@@ -1,5 +1,6 @@
-"""tools/gpu_check.py: its arguments, the frozen model's prediction beside a measured step, the
-merge of a preset's processes, and a toy run on the CPU with every part of its JSON."""
+"""tools/gpu_check.py and meshbayes.scaling.gpu_check: its arguments, the frozen model's
+prediction beside a measured step, the merge of a preset's processes, and a toy run on the
+CPU with every part of its JSON."""
 
 import gzip
 import json
@@ -7,6 +8,7 @@ import pathlib
 
 import pytest
 
+from meshbayes.scaling import gpu_check as check
 from meshbayes.tools import gpu_check
 
 H200 = pathlib.Path(__file__).parent / "data" / "h200"
@@ -26,17 +28,17 @@ def test_arguments_refuse_odd_steps_and_unknown_presets(capsys):
   assert args.presets == ["base", "paper", "paper_no_remat"] and args.train_steps == 50
   assert gpu_check.parse_args(["--out=x.json", "--train_steps=0"]).train_steps == 0
   # The Bayesian paper step without remat (about 123 GB) gets a process of its own.
-  assert gpu_check.STEP_PRESETS["paper_no_remat"].separate
+  assert check.STEP_PRESETS["paper_no_remat"].separate
 
 
 def test_the_frozen_models_prediction_beside_a_measured_step():
   text = gzip.decompress((H200 / "base_det_none.hlo.txt.gz").read_bytes()).decode()
-  predicted = gpu_check.frozen_prediction(text, "NVIDIA H200", 32, 256, 1.1650e13)
+  predicted = check.frozen_prediction(text, "NVIDIA H200", 32, 256, 1.1650e13)
   assert predicted["seconds"] == pytest.approx(0.0808, abs=5e-5)
   assert predicted["mfu"] == pytest.approx(1.1650e13 / (0.0808 * 989e12), rel=1e-3)
   assert predicted["kernels"] == 4781
   assert predicted["kernel_seconds"] == pytest.approx(4781 * 2e-6)
-  assert "n/a" in gpu_check.frozen_prediction(text, "cpu", 32, 256, 1.0)["error"]
+  assert "n/a" in check.frozen_prediction(text, "cpu", 32, 256, 1.0)["error"]
 
 
 def test_a_preset_run_kind_by_kind_is_merged_into_one_report():
@@ -47,15 +49,15 @@ def test_a_preset_run_kind_by_kind_is_merged_into_one_report():
   bayes = {"seconds": {"bayesian": 0.25}, "flops": {"bayesian": {"traced_matmul": 2.0}},
            "predicted": {"bayesian": {"seconds": 0.2, "measured_error": 0.25}},
            "mfu": {"bayesian": 0.16}, "errors": {}, "peak_bytes_in_use": {"bayesian": 9 * 2**30}}
-  merged = gpu_check.merge([det, bayes])
+  merged = check.merge([det, bayes])
   assert merged["seconds"] == {"deterministic": 0.1, "bayesian": 0.25}
   assert merged["time_ratio"] == pytest.approx(2.5)
   assert merged["efficiency_quotient"] == pytest.approx(1.25)
   assert merged["peak_bytes_in_use"] == {"deterministic": 5 * 2**30, "bayesian": 9 * 2**30}
-  table = gpu_check.summary({"paper_no_remat": merged})
+  table = check.summary({"paper_no_remat": merged})
   assert "| paper_no_remat | deterministic | 0.1000 | 0.1100 | -9.0% | 20.0% | - | 5.0 |" in table
   assert "| paper_no_remat | bayesian | 0.2500 | 0.2000 | +25.0% | 16.0% | - | 9.0 |" in table
-  on_cpu = gpu_check.summary({"tiny": {**det, "peak_bytes_in_use": {"deterministic": None}}})
+  on_cpu = check.summary({"tiny": {**det, "peak_bytes_in_use": {"deterministic": None}}})
   assert "| tiny | deterministic | 0.1000 | 0.1100 | -9.0% | 20.0% | - | - |" in on_cpu
 
 

@@ -366,18 +366,26 @@ def test_from_json_errors(tmp_path):
 
 
 def test_weak_scaling_holds_the_batch_per_core():
+  from meshbayes.scaling.study import weak_batch
   from meshbayes.scaling.targets import parse_targets
-  from meshbayes.tools import scaling_study
   targets = parse_targets("v2:2x2,v2:4x4,v2:16x16")
-  args = scaling_study.parse_args(["--topologies=v2:2x2", "--json=x.json", "--batch_size=4",
-                                   "--weak_scaling"])
-  assert [scaling_study._weak_batch(args, targets, t) for t in targets] == [4, 16, 256]
-  args.weak_scaling = False
-  assert [scaling_study._weak_batch(args, targets, t) for t in targets] == [4, 4, 4]
-  args.weak_scaling, args.batch_size = True, 3
-  with pytest.raises(SystemExit, match="--batch_size=3 x 8 / 32 cores is not a whole batch"):
-    scaling_study._weak_batch(args, parse_targets("v2:4x4,v2:2x2"), parse_targets("v2:2x2")[0])
-  assert scaling_study._weak_batch(args, targets, targets[1]) == 12
+  assert [weak_batch(4, targets, t) for t in targets] == [4, 16, 256]
+  assert [weak_batch(4, targets, t, weak_scaling=False) for t in targets] == [4, 4, 4]
+  with pytest.raises(ValueError, match="--batch_size=3 x 8 / 32 cores is not a whole batch"):
+    weak_batch(3, parse_targets("v2:4x4,v2:2x2"), parse_targets("v2:2x2")[0])
+  assert weak_batch(3, targets, targets[1]) == 12
+
+
+def test_a_study_refuses_estimators_that_are_not_pairs():
+  from meshbayes.scaling.study import base_spec
+  from meshbayes.tools import scaling_study
+  options = vars(scaling_study.parse_args(["--topologies=v2:2x2", "--json=x.json",
+                                           "--estimators=mlp=deterministic,flipout"]))
+  with pytest.raises(ValueError, match=r"--estimators='mlp=deterministic,flipout' must be "
+                                       r"component=estimator pairs"):
+    base_spec(options)
+  options["estimators"] = "mlp=deterministic"
+  assert base_spec(options).estimators == (("mlp", "deterministic"),)
 
 
 @pytest.mark.tpu

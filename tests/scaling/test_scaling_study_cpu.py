@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import pytest
 
 from meshbayes.scaling import aot
+from meshbayes.scaling.study import base_spec
 from meshbayes.scaling.targets import parse_target
 from meshbayes.tools import scaling_study
 
@@ -50,7 +51,7 @@ def test_the_tool_writes_json_markdown_and_plots(study):
 
 def test_argument_bytes_are_the_sharding_arithmetic(study):
   _, (record,) = study
-  spec = scaling_study._base_spec(scaling_study.parse_args(ARGS + ["--json=x"]))
+  spec = base_spec(vars(scaling_study.parse_args(ARGS + ["--json=x"])))
   prepared = aot.prepare_step(spec, parse_target("v2:2x2", "cpu"))
   shard_bytes = sum(math.prod(x.sharding.shard_shape(x.shape)) * jnp.dtype(x.dtype).itemsize
                     for x in jax.tree.leaves((prepared.placed, prepared.batch)))

@@ -1,6 +1,6 @@
-"""tools/step_profile.py: the compiled program's operations by kind, and a profile's times."""
+"""tools/step_profile.py and its library (meshbayes.scaling.step_operations, peak_buffers):
+the compiled program's operations by kind, a profile's times, and the peak's buffers."""
 
-import argparse
 import json
 
 import jax
@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import pytest
 
 from meshbayes import layers
-from meshbayes.scaling import hlo
+from meshbayes.scaling import hlo, peak_buffers, step_operations
+from meshbayes.scaling.step_spec import step_spec
 from meshbayes.tools import step_profile
 from tests.layers.fixtures import storing_noise
 
@@ -30,27 +31,27 @@ def bayesian_layer_gradient():
 def test_operations_have_kinds_and_add_up_to_the_programs_flops():
   compiled, run = bayesian_layer_gradient()
   text = compiled.as_text()
-  ops = step_profile.operations(text)
-  table = step_profile.by_kind(ops)
+  ops = step_operations.operations(text)
+  table = step_operations.by_kind(ops)
   assert {"matmul", "noise", "kl"} <= {kind for kind, row in table.items() if row["operations"]}
   # hlo.analyze skips the small computations that ``call`` runs (key splitting); here counted.
   assert sum(row["flops"] for row in table.values()) == pytest.approx(
       hlo.analyze(text).flops, rel=0.01)
   assert table["matmul"]["flops"] == pytest.approx(hlo.analyze(text).matmul_flops)
-  seconds = step_profile.profile(run, steps=2, module=None)
-  assert set(step_profile.by_kind(ops, seconds)) == set(step_profile.KINDS) | {
+  seconds = step_operations.profile(run, steps=2, module=None)
+  assert set(step_operations.by_kind(ops, seconds)) == set(step_operations.KINDS) | {
       "matmul_async_wait"}
   assert sum(seconds.values()) > 0
 
 
 def test_kinds_come_from_the_innermost_functions_named():
   frames = lambda *functions: tuple(("/x/meshbayes/layers/m.py", f) for f in functions)
-  assert step_profile.kind_of_frames(frames("threefry2x32", "flipout")) == "noise"
-  assert step_profile.kind_of_frames(frames("all_finite.<locals>.<listcomp>")) == "checks"
-  assert step_profile.kind_of_frames(frames("_Linear.__call__")) is None
+  assert step_operations.kind_of_frames(frames("threefry2x32", "flipout")) == "noise"
+  assert step_operations.kind_of_frames(frames("all_finite.<locals>.<listcomp>")) == "checks"
+  assert step_operations.kind_of_frames(frames("_Linear.__call__")) is None
   optax = (("/v/site-packages/optax/_src/transform.py", "scale_by_adam.<locals>.update_fn"),
            ("/v/site-packages/optax/transforms/_combining.py", "chain.<locals>.update_fn"))
-  assert step_profile.kind_of_frames(optax) == "optimizer"
+  assert step_operations.kind_of_frames(optax) == "optimizer"
 
 
 @pytest.mark.integration
@@ -82,9 +83,7 @@ def test_the_peak_buffers_by_kind_show_stored_noise_and_its_regeneration(tmp_pat
   args = ["--sections=buffers", "--model=tiny", "--batch=8", "--length=16", "--top=3"]
   regenerated = step_profile.main([*args, f"--json={tmp_path / 'r.json'}"])["buffers"]
   with storing_noise():  # the deterministic step would be the same again: not compiled
-    stored = step_profile.buffer_report(step_profile.step_spec(
-        argparse.Namespace(model="tiny", batch=8, length=16, dtype=None,
-                                        remat_policy=None), deterministic=False), top=3)
+    stored = peak_buffers.buffer_report(step_spec("tiny", 8, 16, deterministic=False), top=3)
   assert "| noise |" in capsys.readouterr().out
   for report in (regenerated["deterministic"], regenerated["bayesian"], stored):
     assert sum(k["bytes"] for k in report["by_kind"].values()) == report["peak_bytes"]

@@ -8,16 +8,21 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
 from meshbayes import data, metrics
-from meshbayes.data import tatoeba
+from meshbayes.data import arrays as arrays_lib, tatoeba
 from meshbayes.data.pipeline import get_task
+from meshbayes.evaluation import token_arrays
 from meshbayes.evaluation.sources import group_sources
-from meshbayes.partitioning import DataLayout
+from meshbayes.partitioning import DataLayout, Partitioner
 from meshbayes.metrics import sequence_calibration, sequence_labels, token_labels
 from meshbayes.tools import gpu_sequence_run as tool
+from meshbayes.training import array_training, step_loop
+from meshbayes.training.train_step import (StepFunctions, abstract_state, init_train_state,
+                                           jit_train_step)
 from tests.data import corpus
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,25 +64,25 @@ def run_outputs(exported, tmp_path_factory):
 @pytest.mark.integration
 def test_export_holds_the_splits_as_the_evaluation_reads_them(exported):
   data_dir, path = exported
-  arrays, meta = tool.load_arrays(path)
+  arrays, meta = arrays_lib.load_arrays(path)
   lengths = meta["feature_lengths"]
   assert lengths == {"inputs": 24, "targets": 32} and meta["vocab_size"] == 40
   assert all(a.dtype == np.uint16 for k, a in arrays.items() if "inputs" in k or "ids" in k
              or "targets" in k)
   # Each split's pairs, as the evaluation's batches hold them, features rebuilt as seqio's.
-  for split in tool.SPLITS:
+  for split in arrays_lib.SPLITS:
     batches = list(data.TaskData("tatoeba_enfr", lengths, 16, shuffle=False).eval_batches(
         DataLayout(16), split))
-    seqio_rows = {k: np.concatenate([b[k] for b in batches]) for k in tool.FEATURES}
+    seqio_rows = {k: np.concatenate([b[k] for b in batches]) for k in arrays_lib.FEATURES}
     present = seqio_rows["encoder_input_tokens"].any(-1)
-    rebuilt = tool.features(tool.padded(arrays[f"{split}_inputs"], lengths["inputs"]),
-                            tool.padded(arrays[f"{split}_targets"], lengths["targets"]))
-    for name in tool.FEATURES:
+    rebuilt = arrays_lib.features(arrays_lib.padded(arrays[f"{split}_inputs"], lengths["inputs"]),
+                            arrays_lib.padded(arrays[f"{split}_targets"], lengths["targets"]))
+    for name in arrays_lib.FEATURES:
       np.testing.assert_array_equal(rebuilt[name], seqio_rows[name][present], err_msg=name)
     assert meta[f"{split}_pairs"] == present.sum() > 0
   assert meta["num_train_units"] == data.train_set_size("tatoeba_enfr", lengths, "tokens")
   # The test sources decode back to the split file's English, their references to its French.
-  sources = tool.split_sources(arrays, meta)
+  sources = token_arrays.split_sources(arrays, meta)
   pairs = tatoeba.read_tsv(tatoeba.split_path(data_dir, "test")).pairs
   expected = {}
   for pair in pairs:
@@ -99,7 +104,7 @@ def test_export_holds_the_splits_as_the_evaluation_reads_them(exported):
 def test_run_trains_and_decodes_both_recipes_without_seqio(exported, run_outputs):
   out, stdout = run_outputs
   assert "imported neither" in stdout
-  arrays, meta = tool.load_arrays(exported[1])
+  arrays, meta = arrays_lib.load_arrays(exported[1])
   report = json.loads((out / "run.json").read_text())
   assert set(report["recipes"]) == {"deterministic", "bayesian"}
   for name, log in report["recipes"].items():
@@ -113,7 +118,7 @@ def test_run_trains_and_decodes_both_recipes_without_seqio(exported, run_outputs
       outputs = {k: stored[k] for k in stored.files}
     predictives[name] = list(dict.fromkeys(k.split("/")[0] for k in outputs))
     for predictive in predictives[name]:
-      records = tool.decoded_records(outputs, predictive)
+      records = token_arrays.decoded_records(outputs, predictive)
       assert len(records) == meta["test_sources"]
       for record in records:  # the sequence's log-probability is its tokens' (EOS included)
         assert len(record.token_log_probs) == record.num_tokens == len(record.output_ids) + 1 \
@@ -142,15 +147,15 @@ def _with_exact_matches(outputs, sources, name):
     token_log_probs[row] = 0
     token_log_probs[row, :num_tokens[row]] = np.log(0.6) / num_tokens[row]
     log_prob[row] = token_log_probs[row, :num_tokens[row]].astype(np.float64).sum()
-  changed.update({f"{name}/output_ids": tool.compact(ids), f"{name}/num_tokens": num_tokens,
+  changed.update({f"{name}/output_ids": arrays_lib.compact(ids), f"{name}/num_tokens": num_tokens,
                   f"{name}/token_log_probs": token_log_probs, f"{name}/log_prob": log_prob})
   return changed
 
 
 @pytest.mark.integration
 def test_score_gives_the_library_figures(exported, run_outputs, tmp_path, capsys):
-  arrays, meta = tool.load_arrays(exported[1])
-  sources = tool.split_sources(arrays, meta)
+  arrays, meta = arrays_lib.load_arrays(exported[1])
+  sources = token_arrays.split_sources(arrays, meta)
   for name in tool.RECIPES:  # half the sources matched exactly: positives to count
     with np.load(run_outputs[0] / f"{name}.npz") as stored:
       outputs = {k: stored[k] for k in stored.files}
@@ -167,7 +172,7 @@ def test_score_gives_the_library_figures(exported, run_outputs, tmp_path, capsys
   for key, figure in figures.items():
     recipe, predictive = key.split("/")
     with np.load(tmp_path / f"{recipe}.npz") as stored:
-      records = tool.decoded_records({k: stored[k] for k in stored.files}, predictive)
+      records = token_arrays.decoded_records({k: stored[k] for k in stored.files}, predictive)
     predictions = [vocabulary.decode(list(r.output_ids)) for r in records]
     p = np.clip(np.exp([r.log_prob for r in records]), 0, 1)
     matched, num_references = sequence_labels.reference_match_counts(predictions,
@@ -198,6 +203,74 @@ def test_score_gives_the_library_figures(exported, run_outputs, tmp_path, capsys
       figures["bayesian/model_average"]["sequence_ece"].estimate)
 
 
+@pytest.mark.integration
+def test_training_is_the_trainers_step_in_the_trainers_loop(exported):
+  """``run``'s training, 2 steps per device call (a ``lax.scan``), has the per-step losses of
+  the trainer's compiled step called once per step by the same loop on the same batches."""
+  arrays, meta = arrays_lib.load_arrays(exported[1])
+  lengths = meta["feature_lengths"]
+  bindings = [arg.split("=", 1)[1] for arg in TOY if arg.startswith("--binding=")]
+  setup = tool.recipe("bayesian", meta, bindings)
+  partitioner = Partitioner(data=1, model=1, rules="data_only", devices=jax.devices()[:1])
+  trained = array_training.train(setup, arrays, lengths, partitioner, 5, None, 2)
+  assert [chunk["step"] for chunk in trained.log["chunks"]] == [2, 4, 5]
+  assert trained.log["steps"] == 5 and len(trained.losses) == 5
+  assert trained.log["chunks"][0]["loss"] == pytest.approx(np.mean(trained.losses[:2]))
+  # The trainer's way: its jitted step (jit_train_step) on each batch, one step per call.
+  model = setup["model"]
+  steps = StepFunctions.build(model, setup["optimizer"], setup["kl_weight"], setup["seed"])
+  shapes = {name: (8, lengths["inputs" if name.startswith("encoder") else "targets"])
+            for name in arrays_lib.FEATURES}
+  shardings = partitioner.shardings(abstract_state(model, steps, shapes))
+  state, _ = partitioner.init(lambda k: init_train_state(model, steps.optimizer, shapes, k),
+                              jax.random.key(setup["seed"]))
+  pairs = arrays_lib.split_features(arrays, "train", lengths)
+  order = arrays_lib.batch_indices(len(arrays["train_inputs"]), 8, setup["seed"])
+  step_fn = jit_train_step(steps, partitioner, shardings)
+
+  def advance(state, count):
+    assert count == 1
+    rows = next(order)
+    return step_fn(state, partitioner.global_batch({k: v[rows] for k, v in pairs.items()}))
+
+  with partitioner.activation_rules():
+    readings = list(step_loop.run_steps(advance, state, first_step=0, train_steps=5,
+                                        reads_at=lambda step: step % 2 == 0))
+  assert [reading.step for reading in readings] == [2, 4, 5]
+  losses = [metrics["loss"] for reading in readings for _, metrics in reading.metrics]
+  np.testing.assert_allclose(trained.losses, losses, rtol=2e-5)
+  assert len(set(losses)) == 5  # the steps differ: a different batch or state shows
+
+
+def test_the_loop_keeps_its_budgets_and_reads_only_when_asked():
+  """``step_loop.run_steps`` on a counter: calls of up to ``steps_per_call`` steps, readings
+  where asked and at the end, each step's metrics once, and no call after the time budget."""
+  calls = []
+
+  def advance(state, count):
+    calls.append(count)
+    return state + count, {"loss": np.arange(state + 1, state + count + 1, dtype=np.float32)}
+
+  readings = list(step_loop.run_steps(advance, 0, first_step=0, train_steps=7,
+                                      reads_at=lambda step: step == 3, steps_per_call=3))
+  assert calls == [3, 3, 1]
+  assert [(r.step, r.state, r.due) for r in readings] == [(3, 3, True), (7, 7, None)]
+  assert [step for r in readings for step, _ in r.metrics] == list(range(1, 8))
+  assert [m["loss"] for r in readings for _, m in r.metrics] == list(range(1, 8))
+  # Resumed at step 4, one step a call: no reading until the end.
+  readings = list(step_loop.run_steps(lambda s, n: (s + n, {"loss": np.float32(s)}), 4,
+                                      first_step=4, train_steps=6, reads_at=lambda step: False))
+  assert [(r.step, [step for step, _ in r.metrics]) for r in readings] == [(6, [5, 6])]
+  # A spent time budget: no call at all.
+  calls.clear()
+  assert list(step_loop.run_steps(advance, 0, first_step=0, train_steps=7, train_seconds=1.0,
+                                  started=-1e9, reads_at=lambda step: True)) == []
+  assert calls == []
+  with pytest.raises(ValueError, match="run_steps: steps_per_call=0 must be a positive int"):
+    next(step_loop.run_steps(advance, 0, first_step=0, train_steps=1, steps_per_call=0,
+                             reads_at=bool))
+
+
 @pytest.mark.parametrize("argv, message", [
     (["run", "--arrays=a.npz", "--out=o", "--recipes=deterministic,ivon"], "--recipes="),
     (["run", "--arrays=a.npz", "--out=o", "--train_seconds=0"], "--train_seconds=0"),
@@ -216,14 +289,14 @@ def test_bad_arguments_are_one_line(argv, message, capsys):
 
 def test_bad_files_are_one_line(exported, tmp_path):
   with pytest.raises(ValueError, match="--arrays=.*missing.npz: no such file"):
-    tool.load_arrays(tmp_path / "missing.npz")
+    arrays_lib.load_arrays(tmp_path / "missing.npz")
   np.savez(tmp_path / "other.npz", x=np.zeros(2))
   with pytest.raises(ValueError, match="not an export"):
-    tool.load_arrays(tmp_path / "other.npz")
-  arrays, meta = tool.load_arrays(exported[1])
+    arrays_lib.load_arrays(tmp_path / "other.npz")
+  arrays, meta = arrays_lib.load_arrays(exported[1])
   with pytest.raises(ValueError, match=f"--outputs={tmp_path}: no deterministic.npz"):
-    tool.score(arrays, meta, tmp_path, 10)
+    token_arrays.score(arrays, meta, tmp_path, 10, tool.RECIPES)
   with pytest.raises(ValueError, match="--task=nope: no .*tasks/nope.gin"):
-    tool.export("nope", tmp_path / "nope.npz")
+    tool.main(["export", "--task=nope", f"--out={tmp_path / 'nope.npz'}"])
   with pytest.raises(ValueError, match="seqio.*already imported"):
     tool.refuse_imports()  # this process read the data through seqio

@@ -3,8 +3,10 @@ refused for a Bayesian-layer model."""
 
 import json
 
+import jax
 import numpy as np
 import pytest
+from flax import traverse_util
 
 from meshbayes import launch
 from meshbayes.training import checkpoints
@@ -80,6 +82,17 @@ def test_the_posterior_of_an_ivon_checkpoint(straight, capsys):
   np.testing.assert_allclose(got, expected, rtol=1e-5)
   np.testing.assert_array_equal(posterior.mean["encoder"]["layers"]["mlp"]["wo"]["kernel"],
                                 saved[f"params/{name}"])
+  # Every weight's, bit for bit as the restore has always computed it (jit, float32 rsqrt).
+  hessian = {k[len("opt_state/hessian/"):]: v for k, v in saved.items()
+             if k.startswith("opt_state/hessian/")}
+  stddev = jax.jit(lambda h: jax.tree.map(lambda x: jax.lax.rsqrt(UNITS * (x + 1e-4)), h))(
+      hessian)
+  restored = traverse_util.flatten_dict(posterior.stddev, sep="/")
+  assert restored.keys() == hessian.keys()
+  for weight, value in restored.items():
+    np.testing.assert_array_equal(value, stddev[weight], err_msg=weight)
+    np.testing.assert_array_equal(traverse_util.flatten_dict(posterior.mean, sep="/")[weight],
+                                  saved[f"params/{weight}"], err_msg=weight)
   # The evaluation's convergence diagnostic: the median stddev of each layer group.
   evaluation = json.loads((straight / "eval" / "metrics.jsonl").read_text().splitlines()[-1])
   mlp = [np.ravel(1.0 / np.sqrt(UNITS * (saved[k] + 1e-4))) for k in sorted(saved)

@@ -1,10 +1,10 @@
-"""One verdict per claim from seed-level paired differences (``tools/experiment_verdicts.py``)
-on hand-made figures."""
+"""One verdict per claim from seed-level paired differences
+(``meshbayes.experiments.verdicts``) on hand-made figures."""
 
 import pytest
 from scipy import stats
 
-from meshbayes.tools import experiment_verdicts as verdicts
+from meshbayes.experiments import verdicts
 
 SEEDS = (0, 1, 2)
 

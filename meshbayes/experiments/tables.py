@@ -3,12 +3,13 @@ against the deterministic model, error detection, OOD detection by measures fixe
 advance and by a measure chosen on held-out inputs, and the spread over training seeds
 with Student-t intervals and seed-level tests against the deterministic model.
 
-Every table function takes ``compare_runs.Column``s (an evaluation's predictive and its
+Every table function takes ``compare.Column``s (an evaluation's predictive and its
 directory) or, over seeds, ``seed_values``' figures of each seed, and returns
 ``(markdown, summary)``, the summary for ``report.json``. The bootstrap's resamples are
 over test sources (and over OOD inputs), ``num_resamples`` of them with a fixed seed, the
 same for both sides of a paired difference (``meshbayes.evaluation.items``). Labels,
-formats and directions are the registry's (``meshbayes.metrics.measures``).
+formats and directions are the registry's (``meshbayes.metrics.measures``), the figures
+and measures each table shows ``meshbayes.experiments.selections``'.
 """
 
 from __future__ import annotations
@@ -22,20 +23,14 @@ import numpy as np
 
 from meshbayes import metrics
 from meshbayes.evaluation import items as evaluation_items
+from meshbayes.experiments import compare, selections
 from meshbayes.metrics import bootstrap
 from meshbayes.metrics import measures as registry
 # Re-exported: the tables' seed intervals (tests and callers read them here).
 from meshbayes.metrics.seed_intervals import (SeedInterval, paired_t_interval,  # noqa: F401
                                               t_interval, welch_interval)
-from meshbayes.tools import compare_runs
 
-Column = compare_runs.Column
-# OOD measures fixed before looking at any result: predictive entropy (every model has it),
-# for a posterior mutual information (its samples' disagreement), and for a set decoded by
-# beam search the beam-level total uncertainty.
-OOD_MEASURES = ("total_uncertainty", "mutual_information", "beam_total_uncertainty")
-# Those every model has: the OOD AUROCs of the seed tables and verdicts.
-SEED_OOD_MEASURES = ("total_uncertainty", "beam_total_uncertainty")
+Column = compare.Column
 BASELINE = "deterministic"  # the column every paired difference is taken against,
 SCALED_BASELINE = "temperature-scaled"  # but a temperature-scaled column's: this one
 
@@ -113,7 +108,8 @@ def paired_table(cols: Sequence[Column], num_resamples: int = bootstrap.DEFAULT_
                  ) -> tuple[str, dict[str, Any]]:
   """Each column's headline figures minus the deterministic model's on the same resampled
   sources, with the interval and its verdict (better, worse, within noise); and, per OOD
-  set, each column's AUROC by each of ``OOD_MEASURES`` it has minus the deterministic
+  set, each column's AUROC by each of the OOD measures fixed in advance
+  (``selections.ood_measures``) it has minus the deterministic
   model's by total uncertainty."""
   by_title = {group_title(c.title): c for c in cols}
   baseline = by_title.get(BASELINE)
@@ -127,7 +123,7 @@ def paired_table(cols: Sequence[Column], num_resamples: int = bootstrap.DEFAULT_
   lines = _header(f"minus {BASELINE} (a temperature-scaled posterior: minus the "
                   "temperature-scaled deterministic model): difference [95% interval]",
                   [c.title for c in others])
-  for figure in map(registry.get, registry.HEADLINE_FIGURES):
+  for figure in map(registry.get, selections.headline_figures()):
     name = figure.name
     cells = [f"{_signed(d[name], figure.scale, figure.format_spec)}"
              f"{_verdict(name, d[name], (c, bases[c.title]))}"
@@ -137,12 +133,13 @@ def paired_table(cols: Sequence[Column], num_resamples: int = bootstrap.DEFAULT_
   summary = {title: evaluation_items.as_json(d) for title, d in differences.items()}
   base_ood = _read_ood_scores(baseline)
   ood = {c.title: evaluation_items.ood_paired_differences(
-      scores, base_ood, {m: (m, "total_uncertainty") for m in OOD_MEASURES}, num_resamples)
+      scores, base_ood, {m: (m, "total_uncertainty") for m in selections.ood_measures()},
+      num_resamples)
          for c in others if c.is_headline
          and (scores := _read_ood_scores(c)) is not None}
   if base_ood is not None:
     for ood_set in sorted(base_ood.out_of_domain):
-      for measure in OOD_MEASURES:
+      for measure in selections.ood_measures():
         auroc = _auroc(measure)
         cells = [_signed(ood[c.title][ood_set][measure], auroc.scale, auroc.format_spec) + " "
                  + bootstrap.verdict(ood[c.title][ood_set][measure],
@@ -159,9 +156,9 @@ def error_detection_table(cols: Sequence[Column]) -> str:
   """The prediction rejection ratio of every measure each column has, with intervals."""
   decoded = [c for c in cols if c.predictive in c.metrics.get("decoding", {})]
   lines = _header("error detection: PRR [95% interval] by", [c.title for c in decoded])
-  for measure in registry.ERROR_DETECTION_MEASURES:
+  for measure in selections.error_detection_measures():
     prr = registry.get(registry.family_name(registry.PRR, measure))
-    cells = [compare_runs.interval_text(c.metrics["intervals"][c.predictive].get(prr.name),
+    cells = [compare.interval_text(c.metrics["intervals"][c.predictive].get(prr.name),
                                         prr.scale, prr.format_spec) for c in decoded]
     if any(cell != "-" for cell in cells):
       lines.append(f"| {measure.replace('_', ' ')} | " + " | ".join(cells) + " |")
@@ -179,9 +176,9 @@ def ood_table(cols: Sequence[Column], num_resamples: int = bootstrap.DEFAULT_RES
   lines = _header("OOD set: AUROC [95% interval] by", [c.title for c, _ in scored])
   summary: dict[str, Any] = {}
   for ood_set in sorted({s for _, scores in scored for s in scores.out_of_domain}):
-    for measure in OOD_MEASURES:
+    for measure in selections.ood_measures():
       auroc = _auroc(measure)
-      cells = [compare_runs.interval_text(c.metrics["ood_intervals"].get(ood_set, {}).get(
+      cells = [compare.interval_text(c.metrics["ood_intervals"].get(ood_set, {}).get(
           auroc.name), auroc.scale, auroc.format_spec) for c, _ in scored]
       if any(cell != "-" for cell in cells):
         lines.append(f"| {ood_set}: {measure.replace('_', ' ')} | " + " | ".join(cells) + " |")
@@ -201,7 +198,7 @@ def _figures(names: Sequence[str]) -> list[tuple[str, str, float, str]]:
   (``ood_figure``) among ``names``, in report order."""
   oods = [(name, *parse_ood_figure(name)) for name in sorted(names) if name.startswith("ood/")]
   return [(f.label, f.name, f.scale, f.format_spec)
-          for f in map(registry.get, registry.HEADLINE_FIGURES) if f.name in names] + [
+          for f in map(registry.get, selections.headline_figures()) if f.name in names] + [
       (f"OOD {ood_set}: AUROC by {registry.get(measure).label}", name, _auroc(measure).scale,
        _auroc(measure).format_spec) for name, ood_set, measure in oods]
 
@@ -210,26 +207,27 @@ def seed_values(groups: Mapping[str, Mapping[int, Path]], predictives: Mapping[s
                 ) -> dict[str, dict[str, dict[int, float]]]:
   """``{title: {figure: {seed: value}}}``: each seed's headline figures and the counts of
   positive labels they rest on (and, for an evaluation's headline predictive, its OOD
-  AUROCs by ``SEED_OOD_MEASURES``, as ``ood_figure`` names)
+  AUROCs by ``selections.seed_ood_measures``, as ``ood_figure`` names)
   read from ``groups`` (title -> ``{seed: evaluation directory}``), of the predictive
   ``predictives[title]``; undefined figures (null, NaN) are left out."""
   values: dict[str, dict[str, dict[int, float]]] = {}
   for title, directories in groups.items():
     found = values.setdefault(title, {})
     for seed, directory in sorted(directories.items()):
-      run_metrics, _ = compare_runs.load(directory, "")
+      run_metrics, _ = compare.load(directory, "")
       predictive = predictives[title]
       if predictive not in run_metrics["predictives"]:
         continue
       figures = run_metrics["intervals"][predictive]
-      counts = {registry.positives_figure(name) for name in registry.HEADLINE_FIGURES} - {None}
-      for name in (*registry.HEADLINE_FIGURES, *sorted(counts)):
+      headline = selections.headline_figures()
+      counts = {registry.positives_figure(name) for name in headline} - {None}
+      for name in (*headline, *sorted(counts)):
         value = figures.get(name, {}).get("estimate")
         if value is not None and np.isfinite(value):
           found.setdefault(name, {})[seed] = float(value)
       if predictive == run_metrics["predictives"][0]:  # OOD is scored by the headline
         for ood_set, entry in run_metrics.get("ood", {}).items():
-          for measure in SEED_OOD_MEASURES:
+          for measure in selections.seed_ood_measures():
             auroc = entry.get(_auroc(measure).name)
             if auroc is not None and np.isfinite(auroc):
               found.setdefault(ood_figure(ood_set, measure), {})[seed] = float(auroc)
@@ -259,10 +257,10 @@ def seed_table(cols: Sequence[Column], values: Mapping[str, Mapping[str, Mapping
   scaling and the Laplace approximation are of seed 0's run) says it is a single
   realization instead."""
   names = {n for figures in values.values() for n in figures} | set(
-      registry.HEADLINE_FIGURES) | {
+      selections.headline_figures()) | {
           ood_figure(s, m) for c in cols if c.is_headline
           for s, entry in c.metrics.get("ood_intervals", {}).items()
-          for m in SEED_OOD_MEASURES if _auroc(m).name in entry}
+          for m in selections.seed_ood_measures() if _auroc(m).name in entry}
   titles = []
   for c in cols:
     seeds = _seed_count(values.get(group_title(c.title), {}))
@@ -276,7 +274,7 @@ def seed_table(cols: Sequence[Column], values: Mapping[str, Mapping[str, Mapping
     for c in cols:
       by_seed = values.get(group_title(c.title), {}).get(name, {})
       seed_zero = _seed_zero(c, name)
-      own.append(compare_runs.interval_text(seed_zero, scale, spec))
+      own.append(compare.interval_text(seed_zero, scale, spec))
       entry = summary.setdefault(c.title, {}).setdefault(name, {"seed_0": seed_zero})
       if len(by_seed) >= 2:
         mean = t_interval(list(by_seed.values()), level)

@@ -1,16 +1,14 @@
-"""Intervals over training seeds and seed-level tests (``tools/experiment_tables.py``), the
-report's seed section on hand-made evaluations, and the evaluated share of the test split
-(``tools/experiment.py``'s presets)."""
+"""Intervals over training seeds and seed-level tests, and the comparisons' verdicts
+(``meshbayes.experiments.tables``), on hand-made evaluations."""
 
-import dataclasses
-import json
 import math
 
 import pytest
 from scipy import stats
 
-from meshbayes.tools import compare_runs, experiment, experiment_plan, experiment_report
-from meshbayes.tools import experiment_tables as tables
+from meshbayes.experiments import compare, report
+from meshbayes.experiments import tables
+from tests.experiments.seed_evaluations import BLEU, seed_results  # noqa: F401
 
 
 def test_the_t_interval_of_a_small_sample_by_hand():
@@ -28,7 +26,6 @@ def test_the_t_interval_of_a_small_sample_by_hand():
   assert tables.t_interval([1.0, 2.0, 3.0, 4.0], level=0.9).high == pytest.approx(
       2.5 + 2.353363 * 1.290994 / 2, abs=1e-5)
 
-
 def test_welch_degrees_of_freedom_by_hand():
   """a = [1, 2, 3, 4], b = [2, 4, 6]: s_a^2 / n_a = (5/3) / 4 = 5/12, s_b^2 / n_b = 4 / 3;
   df = (5/12 + 4/3)^2 / ((5/12)^2 / 3 + (4/3)^2 / 2) = 3.0625 / 0.946759 = 3.234719."""
@@ -43,7 +40,6 @@ def test_welch_degrees_of_freedom_by_hand():
   assert (welch.low, welch.high) == pytest.approx(tuple(reference.confidence_interval()))
   assert welch.seed_counts == (4, 3)
 
-
 def test_the_paired_interval_takes_the_seeds_both_sides_have():
   a = {0: 1.0, 1: 2.0, 2: 4.0}
   b = {0: 0.5, 1: 1.0, 2: 2.0, 3: 9.0}  # seed 3 has no partner
@@ -52,7 +48,6 @@ def test_the_paired_interval_takes_the_seeds_both_sides_have():
   assert paired.estimate == pytest.approx(7 / 6) and paired.df == 2 and paired.seed_counts == (3,)
   assert paired.p_value == pytest.approx(reference.pvalue)  # 0.1181
   assert (paired.low, paired.high) == pytest.approx(tuple(reference.confidence_interval()))
-
 
 def test_no_spread_and_bad_input():
   same = tables.t_interval([2.0, 2.0, 2.0])
@@ -67,79 +62,15 @@ def test_no_spread_and_bad_input():
   with pytest.raises(ValueError, match=r"level=1.5 must be in \(0, 1\)"):
     tables.t_interval([1.0, 2.0], level=1.5)
 
-
-# Hand-made evaluations: BLEU of each run's predictives (the other figures absent).
-BLEU = {"deterministic": [20.0, 22.0, 24.0], "bayesian": [23.0, 26.0, 26.0]}
-
-
-def _evaluation(directory, predictives, bleu, ood=None):
-  """An evaluation directory as ``meshbayes.eval`` writes it, reduced to what the seed
-  tables read: each predictive's BLEU with a bootstrap interval (+-1), and OOD AUROCs (by
-  the beam's total uncertainty 0.1 above the token-level one)."""
-  directory.mkdir(parents=True)
-  metrics = {"predictives": list(predictives), "num_sources": 2000, "num_pairs": 2950,
-             "intervals": {p: {"bleu": {"estimate": value, "low": value - 1, "high": value + 1}}
-                           for p, value in zip(predictives, bleu)}}
-  if ood is not None:
-    aurocs = {"auroc_total_uncertainty": ood, "auroc_beam_total_uncertainty": ood + 0.1}
-    metrics["ood"] = {"spanish": aurocs}
-    metrics["ood_intervals"] = {"spanish": {name: {
-        "estimate": value, "low": value - 0.05, "high": value + 0.05}
-        for name, value in aurocs.items()}}
-  if "posterior_mean_temperature_scaled" in predictives:
-    metrics["temperature_scaling"] = {"temperature": 1.1}
-  (directory / "metrics.json").write_text(json.dumps(metrics))
-  (directory / "reliability.json").write_text(json.dumps({p: {} for p in predictives}))
-  return directory
-
-
-@pytest.fixture
-def seed_results(tmp_path):
-  """Final evaluations of three deterministic seeds (seed 0 with temperature scaling, the
-  others as the ensemble's members), the ensemble, and three Bayesian seeds."""
-  det, bayes = BLEU["deterministic"], BLEU["bayesian"]
-  results = {
-      "deterministic@final": _evaluation(
-          tmp_path / "deterministic_final",
-          ["posterior_mean", "posterior_mean_temperature_scaled"], [det[0], det[0] + 0.5],
-          ood=0.60),
-      "ensemble@final": _evaluation(tmp_path / "ensemble_final", ["model_average"], [25.0],
-                                    ood=0.70),
-      "bayesian@final": _evaluation(tmp_path / "bayesian_final",
-                                    ["model_average", "posterior_mean"], [bayes[0], 21.0],
-                                    ood=0.65)}
-  for k in (1, 2):
-    results[f"deterministic_seed{k}@final"] = _evaluation(
-        tmp_path / f"deterministic_seed{k}_final", ["posterior_mean"], [det[k]], ood=0.6 + k / 100)
-    results[f"bayesian_seed{k}@final"] = _evaluation(
-        tmp_path / f"bayesian_seed{k}_final", ["model_average", "posterior_mean"],
-        [bayes[k], 21.0 + k], ood=0.65 + k / 50)
-  return results
-
-
-def test_seed_groups_pair_evaluations_by_seed_number(seed_results, tmp_path):
-  seed_results["bayesian_seed10@final"] = tmp_path / "bayesian_seed10_final"
-  groups = experiment_report._seed_groups(seed_results, "final")
-  assert list(groups["Bayesian layers"]) == [0, 1, 2, 10]  # by number, not by name
-  assert groups["deterministic"][2] == tmp_path / "deterministic_seed2_final"
-  assert set(groups) == {"deterministic", "temperature-scaled", "Bayesian layers",
-                         "Bayesian layers (mean)", "Bayesian layers, temperature-scaled",
-                         "Bayesian layers (mean), temperature-scaled"}
-  # Every seed group is a column of the report.
-  titles = {title for columns in experiment_report.COLUMNS.values()
-            for title in columns.values()}
-  assert set(experiment_report.SEED_GROUPS) <= titles
-
-
 def test_the_seed_table_puts_the_mean_over_seeds_beside_seed_0(seed_results):
-  groups = experiment_report._seed_groups(seed_results, "final")
-  values = tables.seed_values(groups, {t: experiment_report.SEED_GROUPS[t][1] for t in groups})
+  groups = report._seed_groups(seed_results, "final")
+  values = tables.seed_values(groups, {t: report.SEED_GROUPS[t][1] for t in groups})
   assert values["deterministic"]["bleu"] == {0: 20.0, 1: 22.0, 2: 24.0}
   assert values["Bayesian layers"]["ood/spanish"] == pytest.approx({0: 0.65, 1: 0.67, 2: 0.69})
   assert values["Bayesian layers"]["ood/spanish/beam_total_uncertainty"] == pytest.approx(
       {0: 0.75, 1: 0.77, 2: 0.79})
   assert "ood/spanish" not in values["Bayesian layers (mean)"]  # OOD is the headline's
-  cols = experiment_report._columns(seed_results, "final")
+  cols = report._columns(seed_results, "final")
   table, summary = tables.seed_table(cols, values)
   lines = table.splitlines()
   assert lines[0] == (
@@ -165,10 +96,9 @@ def test_the_seed_table_puts_the_mean_over_seeds_beside_seed_0(seed_results):
   assert lines[-1].startswith("| OOD spanish: AUROC by beam total uncertainty, mean of seeds | "
                               "0.710 [0.685, 0.735] |")
 
-
 def test_seed_level_differences_against_the_deterministic_model(seed_results):
-  groups = experiment_report._seed_groups(seed_results, "final")
-  values = tables.seed_values(groups, {t: experiment_report.SEED_GROUPS[t][1] for t in groups})
+  groups = report._seed_groups(seed_results, "final")
+  values = tables.seed_values(groups, {t: report.SEED_GROUPS[t][1] for t in groups})
   table, summary = tables.seed_difference_table(values)
   lines = table.splitlines()
   assert lines[0] == ("| mean over seeds minus deterministic's (a temperature-scaled "
@@ -192,7 +122,6 @@ def test_seed_level_differences_against_the_deterministic_model(seed_results):
                       "p=0.035) | +0.00 [-2.48, +2.48] within noise (3 seeds, df 2, p=1) |")
   assert lines[4].startswith("| OOD spanish: AUROC by total uncertainty, Welch | +0.060 [")
 
-
 def test_a_temperature_scaled_posterior_is_compared_with_the_temperature_scaled_model():
   values = {"deterministic": {"bleu": {0: 20.0, 1: 22.0, 2: 24.0}},
             "temperature-scaled": {"bleu": {0: 21.0, 1: 20.0, 2: 22.0}},
@@ -209,63 +138,10 @@ def test_a_temperature_scaled_posterior_is_compared_with_the_temperature_scaled_
   del values["temperature-scaled"]
   assert set(tables.seed_difference_table(values)[1]) == {"MAP"}
 
-
-def test_the_report_has_the_seed_section_in_markdown_and_json(seed_results):
-  summary = {}
-  section = "\n".join(experiment_report._seed_section(seed_results, "final", summary))
-  assert "## Training seeds (end of the budget)" in section
-  assert "### Seed-level differences against the deterministic model" in section
-  assert "| BLEU, mean of seeds | 22.00 [17.03, 26.97] |" in section
-  assert set(summary["seeds"]) == {"checkpoint", "means", "differences"}
-  welch = summary["seeds"]["differences"]["Bayesian layers"]["bleu"]["welch"]
-  assert welch["seed_counts"] == [3, 3]
-  assert "### One verdict per claim" in section
-  assert summary["verdicts"]["Bayesian layers vs deterministic"]["claims"]["translation"][
-      "verdict"] == "helps"  # BLEU +3, 4, 2 by seed
-  json.dumps(summary)  # report.json takes it as it is
-  # One seed per method: no section.
-  assert experiment_report._seed_section(
-      {k: v for k, v in seed_results.items() if "_seed" not in k}, "final", {}) == []
-
-
-class _Recorder:
-  """A runner that records the commands it is given and runs none."""
-
-  def all(self, commands, done):
-    self.args = [args for _, args, _ in commands]
-    return []
-
-
-@pytest.mark.parametrize("preset, binding", [("cpu", "None"), ("demo", "4"), ("toy", "1")])
-def test_the_cpu_preset_evaluates_every_test_pair(tmp_path, preset, binding):
-  """``make experiment`` reads the whole test split (every source); ``make demo`` and the
-  tests a few batches."""
-  run = tmp_path / "runs" / "deterministic"
-  (run / "checkpoints" / "4").mkdir(parents=True)
-  budget = dataclasses.replace(experiment.PRESETS[preset], methods=("deterministic",),
-                               train_steps=4, checkpoints=("final",))
-  runner = _Recorder()
-  experiment.Experiment(budget, tmp_path, runner).evaluate()
-  [args] = runner.args
-  limits = [a for a in args if "max_eval_batches" in a]
-  assert limits == [f"--gin.data.TaskData.max_eval_batches={binding}"]
-  assert (experiment.PRESETS[preset].eval_batches is experiment_plan.ALL_TEST_PAIRS) == (
-      preset == "cpu")
-
-
-@pytest.mark.parametrize("eval_batches", [0, "all", True, 2.0])
-def test_eval_batches_is_a_positive_int_or_every_pair(eval_batches):
-  with pytest.raises(ValueError, match=rf"Budget: eval_batches={eval_batches!r} must be a "
-                                       r"positive int or None \(every test pair\)"):
-    experiment_plan.Budget(train_steps=10, eval_period=5, eval_batches=eval_batches)
-  assert experiment_plan.Budget(train_steps=10, eval_period=5).eval_batches is None
-
-
 def _column(title, positives):
   metrics = {"predictives": ["posterior_mean"], "intervals": {"posterior_mean": {
       "exact_match_positives": {"estimate": positives, "low": positives, "high": positives}}}}
-  return compare_runs.Column(title, metrics, "posterior_mean", {}, None)
-
+  return compare.Column(title, metrics, "posterior_mean", {}, None)
 
 def test_a_calibration_difference_from_too_few_positives_is_underpowered_not_a_verdict():
   better = tables.bootstrap.Interval(-0.02, -0.03, -0.01)

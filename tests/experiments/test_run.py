@@ -1,6 +1,7 @@
-"""The uncertainty experiment's whole code path at toy size (``tools/experiment.py``): every
-method trained and evaluated on a fake Tatoeba corpus, at the end and at the best
-checkpoint, and its report."""
+"""The uncertainty experiment's whole code path at toy size (``meshbayes.experiments.run``
+through its command, ``meshbayes.tools.experiment``): every method trained and evaluated on
+a fake Tatoeba corpus, at the end and at the best checkpoint, and its report; the runner of
+its commands."""
 
 import dataclasses
 import io
@@ -9,9 +10,11 @@ import re
 
 import pytest
 
-from meshbayes.training import compute_log
 from meshbayes.data import technical_english
-from meshbayes.tools import experiment, experiment_plan, experiment_report
+from meshbayes.experiments import plan
+from meshbayes.experiments import run as experiment_run
+from meshbayes.tools import experiment
+from meshbayes.training import compute_log
 from tests.data import corpus
 
 COLUMNS = ("deterministic", "temperature-scaled (T=", "MC dropout", "deep ensemble",
@@ -29,12 +32,11 @@ def data_dir(tmp_path_factory):
     technical_english.prepare(root / "data")
   return root / "data"
 
-
 def _rising_at_the_end(patch, out, runs):
   """Makes the validation NLL of ``runs`` of the experiment in ``out`` rise at their last
   step, so that their best checkpoint is an earlier one (toy runs improve to the end) and
   is evaluated on its own."""
-  measured = experiment_plan.validation_curve
+  measured = plan.validation_curve
 
   def curve(run_dir):
     points = measured(run_dir)
@@ -42,8 +44,7 @@ def _rising_at_the_end(patch, out, runs):
       points[-1] = (points[-1][0], max(nll for _, nll in points) + 1.0)
     return points
 
-  patch.setattr(experiment_plan, "validation_curve", curve)
-
+  patch.setattr(plan, "validation_curve", curve)
 
 def _run_toy(data_dir, out, *extra):
   with pytest.MonkeyPatch.context() as patch:
@@ -53,20 +54,18 @@ def _run_toy(data_dir, out, *extra):
     assert experiment.main(args) == 0
   return out, args
 
-
 @pytest.fixture
 def deterministic_stops_early(tmp_path):
   with pytest.MonkeyPatch.context() as patch:
     _rising_at_the_end(patch, tmp_path, {"deterministic"})
     yield
 
-
 @pytest.mark.integration
 def test_the_map_control_end_to_end_with_early_stopping(data_dir, tmp_path):
   """MAP (the Bayesian layers' recipe without weight noise) beside the deterministic model,
   each run under early stopping (here both reach the cap), MAP at its mean, temperature-scaled
   too. (The KL-weight controls are the Bayesian recipe with one binding changed:
-  tests/evaluation/test_predictive_methods.py.)"""
+  tests/experiments/test_recipes.py.)"""
   out, _ = _run_toy(data_dir, tmp_path, "--methods=deterministic,map", "--seeds=1",
                     "--patience=3")
   config = (out / "runs" / "map" / "config.gin").read_text()
@@ -87,7 +86,6 @@ def test_the_map_control_end_to_end_with_early_stopping(data_dir, tmp_path):
   costs = json.loads((out / "costs.json").read_text())
   assert costs["map"] == compute_log.total(out / "runs" / "map") != {}
 
-
 @pytest.fixture(scope="module")
 def toy(data_dir, tmp_path_factory):
   """Every method, two seeds each (the slow tests); the deterministic run's best checkpoint
@@ -96,7 +94,6 @@ def toy(data_dir, tmp_path_factory):
   with pytest.MonkeyPatch.context() as patch:
     _rising_at_the_end(patch, out, {"deterministic"})
     yield _run_toy(data_dir, out)
-
 
 @pytest.mark.integration
 def test_two_methods_end_to_end_at_both_checkpoints_and_resumed(data_dir, tmp_path,
@@ -134,7 +131,7 @@ def test_two_methods_end_to_end_at_both_checkpoints_and_resumed(data_dir, tmp_pa
   assert "over seeds" not in report
   summary = json.loads((out / "report.json").read_text())
   for run in ("deterministic", "bayesian"):
-    curve = experiment_plan.validation_curve(out / "runs" / run)
+    curve = plan.validation_curve(out / "runs" / run)
     assert summary["best_steps"][run] == min(curve, key=lambda p: p[1])[0]
   assert set(summary["posterior"]["bayesian"]) == {"self_attention", "cross_attention", "mlp"}
   # Convergence: each group's median stddev from the trainer's evaluations (steps 2 and 4).
@@ -152,10 +149,9 @@ def test_two_methods_end_to_end_at_both_checkpoints_and_resumed(data_dir, tmp_pa
   with pytest.MonkeyPatch.context() as patch:
     patch.setenv("MESHBAYES_DATA_DIR", str(data_dir))
     calls = []
-    patch.setattr(experiment.Runner, "__call__", lambda self, *a: calls.append(a))
+    patch.setattr(experiment_run.Runner, "__call__", lambda self, *a: calls.append(a))
     assert experiment.main(args) == 0
   assert calls == []
-
 
 @pytest.mark.integration
 @pytest.mark.slow
@@ -175,7 +171,6 @@ def test_every_method_is_reported_at_the_end_and_at_its_best_checkpoint(toy):
   for figure in ("curves", "reliability_final", "reliability_best", "ood_final", "ood_best"):
     assert (out / "figures" / f"{figure}.png").stat().st_size > 10_000
 
-
 @pytest.mark.integration
 @pytest.mark.slow
 def test_the_spread_over_seeds_is_reported_per_method(toy):
@@ -193,14 +188,13 @@ def test_the_spread_over_seeds_is_reported_per_method(toy):
   assert bleu["mean"]["df"] == 1 and set(bleu["seeds"]) == {"0", "1"}
   assert summary["seeds"]["differences"]["IVON"]["bleu"]["welch"]["seed_counts"] == [2, 2]
 
-
 @pytest.mark.integration
 @pytest.mark.slow
 def test_the_best_checkpoint_is_the_lowest_validation_nll(toy):
   out, _ = toy
   summary = json.loads((out / "report.json").read_text())
   for run in ("deterministic", "deterministic_seed1", "bayesian", "ivon"):
-    curve = experiment_plan.validation_curve(out / "runs" / run)
+    curve = plan.validation_curve(out / "runs" / run)
     assert [step for step, _ in curve] == [2, 4]
     assert summary["best_steps"][run] == min(curve, key=lambda p: p[1])[0]
   # Each ensemble member at its own best step; the evaluation is at the run's best step.
@@ -208,7 +202,6 @@ def test_the_best_checkpoint_is_the_lowest_validation_nll(toy):
   assert ensemble["ensemble"][1].endswith(f"checkpoints/{summary['best_steps']['deterministic_seed1']}")
   assert ensemble["step"] == summary["best_steps"]["deterministic"]
   assert ensemble["num_samples"] == 2
-
 
 @pytest.mark.integration
 @pytest.mark.slow
@@ -226,7 +219,6 @@ def test_posterior_diagnostics_and_costs(toy):
   for run in ("deterministic", "deterministic_seed1", "bayesian", "ivon"):
     assert summary["costs"][run]["cpu_seconds"] > 0
 
-
 @pytest.mark.integration
 @pytest.mark.slow
 def test_an_experiment_resumes_without_redoing_anything(toy, capsys):
@@ -236,7 +228,6 @@ def test_an_experiment_resumes_without_redoing_anything(toy, capsys):
   assert "experiment: train" not in capsys.readouterr().out
   assert "experiment: eval" not in capsys.readouterr().out
 
-
 def test_reuse_copies_a_finished_run_of_the_same_seed_with_its_time(tmp_path):
   chosen = tmp_path / "tuning" / "tuning" / "deterministic" / "dropout_rate=0.1"
   (chosen / "checkpoints" / "4").mkdir(parents=True)
@@ -245,9 +236,9 @@ def test_reuse_copies_a_finished_run_of_the_same_seed_with_its_time(tmp_path):
   cost = {"wall_seconds": 2.0, "cpu_seconds": 3.0}
   (tmp_path / "tuning" / "costs.json").write_text(json.dumps(
       {"tune deterministic dropout_rate=0.1": cost}))
-  budget = experiment_plan.Budget(train_steps=4, eval_period=2, ensemble_size=2,
+  budget = plan.Budget(train_steps=4, eval_period=2, ensemble_size=2,
                                   methods=("deterministic", "ensemble"))
-  run = experiment.Experiment(budget, tmp_path / "out", experiment.Runner(in_process=True))
+  run = experiment_run.Experiment(budget, tmp_path / "out", experiment_run.Runner())
   (tmp_path / "out").mkdir()
   run.reuse("deterministic", chosen)
   copied = tmp_path / "out" / "runs" / "deterministic"
@@ -259,7 +250,6 @@ def test_reuse_copies_a_finished_run_of_the_same_seed_with_its_time(tmp_path):
     run.reuse("deterministic_seed1", tmp_path / "missing")
   with pytest.raises(ValueError, match="'ivon' must be one of deterministic, deterministic_seed1"):
     run.reuse("ivon", chosen)
-
 
 @pytest.mark.integration
 @pytest.mark.slow
@@ -277,8 +267,8 @@ def test_a_tuned_run_is_reused_as_the_experiments_run_not_trained_again(data_dir
                     f"--reuse=deterministic={chosen}")
   printed = capsys.readouterr().out
   assert "experiment: train" not in printed and "experiment: eval" in printed
-  assert experiment_plan.validation_curve(out / "runs" / "deterministic") == \
-      experiment_plan.validation_curve(chosen)
+  assert plan.validation_curve(out / "runs" / "deterministic") == \
+      plan.validation_curve(chosen)
   tuned_cost = json.loads((tuning / "costs.json").read_text())[
       "tune deterministic dropout_rate=0.1"]
   assert json.loads((out / "costs.json").read_text())["deterministic"] == tuned_cost
@@ -288,7 +278,6 @@ def test_a_tuned_run_is_reused_as_the_experiments_run_not_trained_again(data_dir
                             "--methods=ensemble",
                             f"--reuse=deterministic_seed1={chosen}"]) == 1
   assert "with SEED = 1" in capsys.readouterr().err
-
 
 @pytest.mark.parametrize("curve, evaluated", [
     ({2: 3.0, 4: 2.5}, ["eval deterministic@final"]),  # the best is the final checkpoint
@@ -308,46 +297,14 @@ def test_a_best_checkpoint_that_is_the_final_one_is_evaluated_once(tmp_path, cur
       return []
 
   runner = Recorder()
-  budget = experiment_plan.Budget(train_steps=4, eval_period=2, methods=("deterministic",))
-  results = experiment.Experiment(budget, tmp_path, runner).evaluate()
+  budget = plan.Budget(train_steps=4, eval_period=2, methods=("deterministic",))
+  results = experiment_run.Experiment(budget, tmp_path, runner).evaluate()
   assert runner.names == evaluated
   assert (results["deterministic@best"] == results["deterministic@final"]) == (len(evaluated) == 1)
 
-
-def test_best_step_reads_the_trainers_validation_log(tmp_path):
-  (tmp_path / "eval").mkdir()
-  rows = [{"step": 100, "nll": 3.0}, {"step": 200, "nll": 2.5}, {"step": 300, "nll": 2.5},
-          {"step": 400, "nll": 2.7}]
-  (tmp_path / "eval" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-  assert experiment_plan.best_step(tmp_path) == 200  # the earliest of ties
-  with pytest.raises(ValueError, match="no periodic validation"):
-    experiment_plan.best_step(tmp_path / "missing")
-
-
-@pytest.mark.parametrize("changes, message", [
-    ({"methods": ("deterministic", "dropout")}, r"methods=.*'dropout'.*one of deterministic"),
-    ({"train_steps": 0}, "train_steps=0 must be a positive int"),
-    ({"ensemble_size": 1}, "ensemble_size=1 must be at least 2"),
-    ({"ood_beam_sets": ("spanish",)}, r"ood_beam_sets=\('spanish',\) need beam_measures=True"),
-])
-def test_bad_budgets_are_one_line_errors(changes, message):
-  with pytest.raises(ValueError, match=message):
-    experiment_plan.Budget(**{"train_steps": 10, "eval_period": 5, **changes})
-
-
-def test_layer_kinds_of_the_transformers_weights():
-  assert experiment_report.layer_kind(
-      "decoder/layers/encoder_decoder_attention/query/kernel") == "cross_attention"
-  assert experiment_report.layer_kind("encoder/layers/attention/out/kernel") == "self_attention"
-  assert experiment_report.layer_kind("decoder/layers/mlp/wi/kernel") == "mlp"
-  assert experiment_report.layer_kind("token_embedder/embedding") == "embedding"
-  assert experiment_report.layer_kind("decoder/layers/pre_cross_attention_norm/scale") == "norm"
-  assert experiment_report.layer_kind("decoder/relpos_bias/rel_embedding") == "relative_positions"
-
-
 @pytest.mark.integration
 def test_parallel_commands_report_their_own_time_and_a_failure_names_its_log(tmp_path):
-  runner = experiment.Runner(jobs=2)
+  runner = experiment_run.Runner(jobs=2)
   costs = runner.all([("train", ["--help"], tmp_path / "a.log"),
                       ("eval", ["--help"], tmp_path / "b.log")])
   assert [c["cpu_seconds"] > 0 and c["wall_seconds"] > 0 for c in costs] == [True, True]
@@ -360,8 +317,9 @@ def test_parallel_commands_report_their_own_time_and_a_failure_names_its_log(tmp
                lambda index, cost: finished.append((index, cost["cpu_seconds"] > 0)))
   assert finished == [(1, True)]
   with pytest.raises(ValueError, match="jobs=0 must be a positive int"):
-    experiment.Runner(jobs=0)
-
+    experiment_run.Runner(jobs=0)
+  with pytest.raises(ValueError, match="in_process=True must be None or a function"):
+    experiment_run.Runner(in_process=True)
 
 def test_a_commands_echo_drops_progress_bars_and_their_blank_erasing(tmp_path, capsys):
   # What a child's stdout reads like in text mode: tqdm's carriage returns become line
@@ -371,42 +329,13 @@ def test_a_commands_echo_drops_progress_bars_and_their_blank_erasing(tmp_path, c
             "                                                                 \n"
             "\n"
             "evaluation done in 12 s\n")
-  experiment._copy_output(io.StringIO(output), tmp_path / "eval.log", "eval_x")
+  experiment_run._copy_output(io.StringIO(output), tmp_path / "eval.log", "eval_x")
   assert capsys.readouterr().out.splitlines() == [
       "[eval_x] phase 2/3: teacher-forced pass", "[eval_x] evaluation done in 12 s"]
   assert (tmp_path / "eval.log").read_text() == output  # the log keeps everything
 
-
-def test_a_tuning_grid_of_trials_is_a_latin_hypercube_from_the_recipes_setting():
-  knobs = [("dropout", ["0.1", "0.2", "0.3"]), ("decay", ["0", "0.1", "1.0"]),
-           ("smoothing", ["0", "0.1"]), ("lr", ["3e-3", "1.5e-3", "6e-3"])]
-  settings = experiment_plan.tuning_grid(knobs, trials=12)
-  assert settings[0] == {"dropout": "0.1", "decay": "0", "smoothing": "0", "lr": "3e-3"}
-  assert len({tuple(s.values()) for s in settings}) == 12  # no setting twice
-  for name, values in knobs:  # every value of a knob equally often
-    assert sorted(s[name] for s in settings) == sorted(values * (12 // len(values)))
-  assert settings == experiment_plan.tuning_grid(knobs, trials=12)  # fixed by its seed
-  assert len(experiment_plan.tuning_grid(knobs)) == 54  # no trials: every combination
-  assert experiment_plan.setting_label({"a.b.dropout_rate": "0.1", "c.base": "3e-3"}) == \
-      "dropout_rate=0.1,base=3e-3"
-  with pytest.raises(ValueError, match="trials=0 must be a positive int"):
-    experiment_plan.tuning_grid(knobs, trials=0)
-
-
-def test_a_run_stopped_early_is_finished_and_says_where(tmp_path):
-  (tmp_path / "checkpoints" / "500").mkdir(parents=True)
-  assert not experiment_plan.finished(tmp_path, train_steps=6000)
-  (tmp_path / "early_stopping.json").write_text(
-      json.dumps({"step": 500, "best_step": 250, "best_nll": 2.5}))
-  assert experiment_plan.finished(tmp_path, train_steps=6000)
-  assert experiment_plan.stopped_at(tmp_path) == 500
-  (tmp_path / "checkpoints" / "6000").mkdir()
-  (tmp_path / "early_stopping.json").unlink()
-  assert experiment_plan.finished(tmp_path, 6000) and experiment_plan.stopped_at(tmp_path) is None
-
-
 def test_fresh_seeds_early_stopping_and_the_checkpoint_of_other_seeds(tmp_path):
-  budget = experiment_plan.Budget(train_steps=6000, eval_period=250, methods=(
+  budget = plan.Budget(train_steps=6000, eval_period=250, methods=(
       "deterministic", "ensemble", "bayesian"), ensemble_size=3, seeds=2, first_seed=100,
       patience=4, checkpoints=("best",))
   assert budget.runs == {
@@ -415,7 +344,8 @@ def test_fresh_seeds_early_stopping_and_the_checkpoint_of_other_seeds(tmp_path):
       "deterministic_seed2": ("uncertainty/deterministic.gin", 102),
       "bayesian": ("uncertainty/bayesian.gin", 100),
       "bayesian_seed1": ("uncertainty/bayesian.gin", 101)}
-  args = experiment.Experiment(budget, tmp_path, experiment.Runner(in_process=True))._train_args(
+  runner = experiment_run.Runner()
+  args = experiment_run.Experiment(budget, tmp_path, runner)._train_args(
       "uncertainty/bayesian.gin", tmp_path / "run")
   assert "--gin.run_configs.EvaluationConfig.patience=4" in args
   assert "--gin.TRAIN_STEPS=6000" in args
@@ -425,7 +355,7 @@ def test_fresh_seeds_early_stopping_and_the_checkpoint_of_other_seeds(tmp_path):
     (tmp_path / "runs" / name / "eval" / "metrics.jsonl").write_text("".join(
         json.dumps({"step": s, "nll": abs(s - 500) / 1000 + 2}) + "\n"
         for s in range(250, 1501, 250)))
-  found = experiment_plan.evaluations(budget, tmp_path)
+  found = plan.evaluations(budget, tmp_path)
   assert sorted(found) == ["bayesian@best", "bayesian_seed1@best", "deterministic@best",
                            "deterministic_seed1@best", "deterministic_seed2@best",
                            "ensemble@best"]
@@ -435,9 +365,8 @@ def test_fresh_seeds_early_stopping_and_the_checkpoint_of_other_seeds(tmp_path):
   assert found["deterministic_seed2@best"]["method"] == "deterministic"
   assert found["ensemble@best"]["method"] == "ensemble"
 
-
 def test_controls_trained_at_one_seed_when_compute_is_short():
-  budget = experiment.PRESETS["cpu"]
+  budget = experiment_run.PRESETS["cpu"]
   assert sorted(budget.runs) == [
       "bayesian", "bayesian_kl0.3", "bayesian_kl1", "bayesian_seed1", "bayesian_seed2",
       "deterministic", "deterministic_seed1", "deterministic_seed2", "map", "map_seed1",
@@ -447,22 +376,31 @@ def test_controls_trained_at_one_seed_when_compute_is_short():
   assert dataclasses.replace(budget, methods=("deterministic",)).runs == {
       "deterministic": ("uncertainty/deterministic.gin", 100)}
 
-
-@pytest.mark.parametrize("changes, message", [
-    ({"checkpoints": ()}, r"checkpoints=\(\) must name each of final, best"),
-    ({"checkpoints": ("best", "best")}, "at most once"),
-    ({"checkpoints": ("last",)}, "must name each of final, best"),
-    ({"patience": 0}, "patience=0 must be a positive int"),
-    ({"first_seed": -1}, "first_seed=-1 must be"),
-    ({"single_seed": ("deterministic",)}, r"single_seed=\('deterministic',\): each must be one "
-     r"of the methods with a seed spread \(bayesian, ivon, map, bayesian_kl1, bayesian_kl0.3\)"),
-])
-def test_bad_stopping_and_seed_settings_are_one_line_errors(changes, message):
-  with pytest.raises(ValueError, match=message):
-    experiment_plan.Budget(**{"train_steps": 10, "eval_period": 5, **changes})
-
-
 def test_model_average_evaluations_are_started_first():
-  assert [experiment._averages(name) for name in (
+  assert [experiment_run._averages(name) for name in (
       "mc_dropout", "bayesian_kl0.3", "ensemble", "deterministic", "map")] == [
           True, True, True, False, False]
+
+
+class _Recorder:
+  """A runner that records the commands it is given and runs none."""
+
+  def all(self, commands, done):
+    self.args = [args for _, args, _ in commands]
+    return []
+
+@pytest.mark.parametrize("preset, binding", [("cpu", "None"), ("demo", "4"), ("toy", "1")])
+def test_the_cpu_preset_evaluates_every_test_pair(tmp_path, preset, binding):
+  """``make experiment`` reads the whole test split (every source); ``make demo`` and the
+  tests a few batches."""
+  run = tmp_path / "runs" / "deterministic"
+  (run / "checkpoints" / "4").mkdir(parents=True)
+  budget = dataclasses.replace(experiment_run.PRESETS[preset], methods=("deterministic",),
+                               train_steps=4, checkpoints=("final",))
+  runner = _Recorder()
+  experiment_run.Experiment(budget, tmp_path, runner).evaluate()
+  [args] = runner.args
+  limits = [a for a in args if "max_eval_batches" in a]
+  assert limits == [f"--gin.data.TaskData.max_eval_batches={binding}"]
+  assert (experiment_run.PRESETS[preset].eval_batches is plan.ALL_TEST_PAIRS) == (
+      preset == "cpu")

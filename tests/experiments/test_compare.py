@@ -1,9 +1,11 @@
-"""tools/compare_runs.py: the side-by-side table from what meshbayes.eval writes."""
+"""The side-by-side table from what meshbayes.eval writes (``meshbayes.experiments.compare``,
+through its command ``meshbayes.tools.compare_runs``)."""
 
 import json
 
 import pytest
 
+from meshbayes.experiments import compare, selections
 from meshbayes.metrics import measures
 from meshbayes.tools import compare_runs
 
@@ -64,21 +66,21 @@ def test_missing_evaluation_is_a_one_line_error(tmp_path, capsys):
 
 
 def test_a_measure_is_shown_once_the_registry_has_it(tmp_path, monkeypatch):
-  """A new figure or uncertainty measure needs its registry entry and its place in the
-  table's order (both in meshbayes/metrics/measures.py), and nothing in compare_runs."""
+  """A new uncertainty measure needs only its registry entry to get its OOD rows; a new
+  figure its entry and its row in selections.FIGURE_ROWS, nothing in the table's code."""
   gap = measures.Measure("token_entropy_gap", "token entropy gap (%)", measures.LOWER,
                          measures.TOKEN, measures.FIGURE, 100, ".1f", "a figure to show")
   energy = measures.Measure("energy", "energy", measures.NEITHER, measures.TOKEN,
                             measures.UNCERTAINTY, 1, ".3f", "a measure to show")
   monkeypatch.setattr(measures, "MEASURES", measures.MEASURES + (gap, energy))
-  monkeypatch.setattr(measures, "RUN_TABLE_FIGURES",
-                      measures.RUN_TABLE_FIGURES + ("token_entropy_gap",))
-  monkeypatch.setattr(measures, "OOD_TABLE_MEASURES", measures.OOD_TABLE_MEASURES + ("energy",))
+  monkeypatch.setattr(selections, "FIGURE_ROWS",
+                      selections.FIGURE_ROWS + (("token_entropy_gap", ""),))
   measures.check()
+  selections.check()
   write_run(tmp_path / "run", ["model_average"], 12.0, 0.05, extra={"token_entropy_gap": 0.123},
             ood={"spanish": {"auroc_energy": 0.75, "fpr95_energy": 0.5}})
-  lines = compare_runs.table(compare_runs.columns([tmp_path / "run"], ["run"],
-                                                  "tatoeba_enfr")).splitlines()
+  lines = compare.table(compare.columns([tmp_path / "run"], ["run"],
+                                        "tatoeba_enfr")).splitlines()
   last = next(k for k, line in enumerate(lines) if line.startswith("| token ECE (%) |"))
   assert lines[last + 1] == "| token entropy gap (%) | 12.3 [11.3, 13.3] |"  # the table's last
   assert "| OOD spanish: AUROC / FPR@95 (%) by energy | 0.750 [0.740, 0.760] / 50.0 |" in lines

@@ -1,5 +1,5 @@
-"""What an uncertainty experiment (``tools/experiment.py``) trains and evaluates, and what
-its runs wrote: the shared ground of the experiment and its report.
+"""What an uncertainty experiment (``meshbayes.experiments.run``) trains and evaluates, and
+what its runs wrote: the shared ground of the experiment and its report.
 
 - ``Budget``: the size of an experiment (steps, seeds, methods, evaluations) and the
   training runs it implies;
@@ -25,19 +25,19 @@ from typing import Any
 
 import numpy as np
 
-from meshbayes.evaluation import methods as predictive_methods
+from meshbayes.experiments import recipes
 from meshbayes.field_checks import is_int, positive_ints
 from meshbayes.runtime import metrics_writer, strict_json
 from meshbayes.training import early_stopping
 from meshbayes.training.posterior_diagnostics import MEDIAN_PREFIX, relative_change
 
-# The predictive methods (meshbayes.evaluation.methods: the runs each evaluates).
-METHODS = predictive_methods.names()
+# The methods the experiment compares (meshbayes.experiments.recipes).
+METHODS = recipes.names()
 # The Bayesian layers' controls: MAP (their penalty without the noise), KL weights 1 and
 # 0.3. Not in a budget unless asked for.
 CONTROLS = ("map", "bayesian_kl1", "bayesian_kl0.3")
 # The gin file of each training recipe the methods evaluate.
-RECIPES = {recipe: f"uncertainty/{recipe}.gin" for recipe in predictive_methods.RECIPES}
+RECIPES = {recipe: recipes.gin_file(recipe) for recipe in recipes.RECIPES}
 CHECKPOINTS = ("final", "best")
 # ``Budget.eval_batches`` of an evaluation of every test pair (``data.TaskData.
 # max_eval_batches=None``: no limit).
@@ -123,11 +123,11 @@ class Budget:
         is_int(self.eval_batches) and self.eval_batches >= 1):
       raise ValueError(f"Budget: eval_batches={self.eval_batches!r} must be a positive int "
                        "or None (every test pair)")
-    unknown = [m for m in self.methods if m not in predictive_methods.names()]
+    unknown = [m for m in self.methods if m not in METHODS]
     if unknown or not self.methods:
       raise ValueError(f"Budget: methods={self.methods!r}: each must be one of "
-                       f"{', '.join(predictive_methods.names())}")
-    spread = [m for m in predictive_methods.names() if predictive_methods.get(m).seed_spread]
+                       f"{', '.join(METHODS)}")
+    spread = [m for m in METHODS if recipes.get(m).seed_spread]
     if not set(self.single_seed) <= set(spread):
       raise ValueError(f"Budget: single_seed={self.single_seed!r}: each must be one of the "
                        f"methods with a seed spread ({', '.join(spread)})")
@@ -141,7 +141,7 @@ class Budget:
                        f"{self.decode_method!r}")
     if self.ood_beam_sets and not self.beam_measures:
       raise ValueError(f"Budget: ood_beam_sets={self.ood_beam_sets!r} need beam_measures=True")
-    combining = [m for m in self.methods if predictive_methods.get(m).combines_runs]
+    combining = [m for m in self.methods if recipes.get(m).combines_runs]
     if combining and not self.ensemble_size >= 2:
       raise ValueError(f"Budget: ensemble_size={self.ensemble_size!r} must be at least 2 "
                        f"(methods {', '.join(combining)} combine runs)")
@@ -153,7 +153,7 @@ class Budget:
     its seed spread ``seeds - 1`` (runs ``<recipe>_seed<k>``)."""
     runs = {}
     for name in self.methods:
-      method = predictive_methods.get(name)
+      method = recipes.get(name)
       recipe = method.trained_by
       runs.setdefault(recipe, (RECIPES[recipe], self.first_seed))
       more = (self.ensemble_size if method.combines_runs else
@@ -301,7 +301,7 @@ def evaluations(budget: Budget, out: Path) -> dict[str, dict[str, Any]]:
   for checkpoint in budget.checkpoints:
     step = lambda run: step_at(checkpoint, run)
     for name in budget.methods:
-      method = predictive_methods.get(name)
+      method = recipes.get(name)
       run = method.trained_by
       extra = list(method.eval_bindings)
       if method.combines_runs:
@@ -319,7 +319,7 @@ def evaluations(budget: Budget, out: Path) -> dict[str, dict[str, Any]]:
       recipe = run.rsplit("_seed", 1)[0]
       found[f"{run}@{checkpoint}"] = {
           "method": recipe, "run": run, "step": step_at(checkpoint, run),
-          "extra": list(predictive_methods.get(recipe).eval_bindings)}
+          "extra": list(recipes.get(recipe).eval_bindings)}
   return found
 
 
