@@ -235,7 +235,7 @@ def test_the_readme_s_inference_example_before_make_demo_names_make_demo(tmp_pat
   """The README decodes with make demo's Bayesian run: run before make demo, the error
   names the runs make demo trains, which are where tools.experiment's demo preset puts
   them (the Makefile's runs/demo/runs/<run>)."""
-  from meshbayes.tools import experiment
+  from meshbayes.experiments import run
 
   readme = (ROOT / "README.md").read_text()
   example = re.search(r"^python -m meshbayes\.infer (.*?)\n(?!  )", readme,
@@ -249,7 +249,7 @@ def test_the_readme_s_inference_example_before_make_demo_names_make_demo(tmp_pat
       f"meshbayes.infer: error: MODEL_DIR {model_dir} does not exist, so it has no checkpoint; "
       "train first: meshbayes.train writes a run's checkpoints into its MODEL_DIR (make demo "
       "trains runs/demo/runs/bayesian and runs/demo/runs/deterministic)")
-  demo_runs = [f"runs/demo/runs/{name}" for name in sorted(experiment.PRESETS["demo"].runs)]
+  demo_runs = [f"runs/demo/runs/{name}" for name in sorted(run.PRESETS["demo"].runs)]
   assert demo_runs == ["runs/demo/runs/bayesian", "runs/demo/runs/deterministic"]
   assert model_dir.strip("'") in demo_runs
   assert "DEMO_DIR := runs/demo\n" in (ROOT / "Makefile").read_text()

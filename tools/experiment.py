@@ -26,9 +26,8 @@ batches of 64 pairs, or every test pair (``make experiment``). The best checkpoi
 run is the one with the lowest validation NLL of the trainer's periodic evaluation (the
 posterior mean's, for a posterior; each ensemble member its own). Runs and evaluations
 already complete are not redone, so an interrupted experiment resumes where it stopped.
-The report
-(``meshbayes.experiments.report``) goes to ``OUT/report.md`` with its figures. This is the
-command line of ``meshbayes.experiments.run`` (whose names this module also exports).
+The report (``meshbayes.experiments.report``) goes to ``OUT/report.md`` with its figures.
+This is the command line of ``meshbayes.experiments.run``.
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from meshbayes.experiments.plan import METHODS
-from meshbayes.experiments.run import (PRESETS, Experiment, Runner, execute,  # noqa: F401
+from meshbayes.experiments.run import (PRESETS, Experiment, Runner, execute,
                                        grid_knobs)
 from meshbayes.runtime import host_memory
 

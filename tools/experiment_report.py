@@ -3,7 +3,7 @@
   python -m meshbayes.tools.experiment_report runs/experiment   # rewrite the report alone
 
 Writes ``OUT/report.md``, ``OUT/report.json`` and ``OUT/figures/*.png``: the command line of
-``meshbayes.experiments.report`` (whose names this module also exports).
+``meshbayes.experiments.report``.
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from meshbayes.experiments.plan import result_dirs
-from meshbayes.experiments.report import (COLUMNS, SEED_GROUPS, layer_kind,  # noqa: F401
-                                          plot_curves, plot_ood, posterior_diagnostics,
-                                          read_budget, write)
+from meshbayes.experiments.report import read_budget, write
 
 
 def main(argv: Sequence[str] | None = None) -> int:
