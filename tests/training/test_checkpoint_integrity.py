@@ -12,6 +12,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from meshbayes.training import checkpoint_integrity, checkpoints
 from meshbayes.tools import inspect_checkpoint
+from tests.training import restore_fakes
 
 W = np.random.default_rng(0).normal(size=(64, 128)).astype(np.float32)  # 32 KiB, incompressible
 
@@ -133,27 +134,6 @@ def test_no_checkpoint_says_what_writes_one(tmp_path):
       "runs/demo/runs/deterministic)")
 
 
-class _Model:
-  """The parameters of ``state``, as a model's initial variables."""
-
-  def get_initial_variables(self, key, shapes):
-    return {"params": jax.tree.map(jax.numpy.asarray, state(0)["params"])}
-
-
-class _Data:
-  vocabulary = type("Vocabulary", (), {"vocab_size": 32})()
-
-  def input_shapes(self):
-    return {}
-
-
-class _OneDevice:
-  def placed(self, tree):
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=jax.sharding.
-                                                       SingleDeviceSharding(jax.devices()[0])),
-                        tree)
-
-
 def test_eval_and_infer_are_told_the_complete_checkpoint_before_a_corrupt_one(tmp_path):
   """``restore_params`` (eval's and infer's restore) names the newest complete step before
   the corrupt one, skipping an incomplete one, and the tool that verifies them all."""
@@ -161,8 +141,7 @@ def test_eval_and_infer_are_told_the_complete_checkpoint_before_a_corrupt_one(tm
 
   ckpts = saved(tmp_path / "checkpoints", steps=(2, 4, 6))
   ckpts.close()
-  restore = lambda step=None: checkpoint_restore.restore_params(tmp_path, _Model(), _Data(),
-                                                                _OneDevice(), step)
+  restore = lambda step=None: restore_fakes.restore(tmp_path, state(0)["params"], step)
   assert restore()[1] == 6
   flip_a_byte(tmp_path / "checkpoints" / "6")
   (tmp_path / "checkpoints" / "4" / "_CHECKPOINT_METADATA").unlink()  # incomplete

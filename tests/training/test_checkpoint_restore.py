@@ -6,35 +6,17 @@ import re
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from meshbayes.layers import WeightPosterior
 from meshbayes.training import checkpoint_restore, checkpoints, ivon, run_posteriors
+from tests.training import restore_fakes
 
 PARAMS = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.full(3, 0.5, np.float32)}
 HESSIAN = {"w": np.linspace(0.0, 2.0, 6, dtype=np.float32).reshape(2, 3),
            "b": np.array([1e-3, 0.1, 7.0], np.float32)}
 IVON_RECORD = {"ess": 1000.0, "weight_decay": 1e-4}
-
-
-class _Model:
-  def get_initial_variables(self, key, shapes):
-    return {"params": jax.tree.map(jnp.zeros_like, PARAMS)}
-
-
-class _Data:
-  vocabulary = type("Vocabulary", (), {"vocab_size": 32})()
-
-  def input_shapes(self):
-    return {}
-
-
-class _OneDevice:
-  def placed(self, tree):
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), tree)
 
 
 def _saved(directory, state, meta):
@@ -44,7 +26,7 @@ def _saved(directory, state, meta):
 
 
 def _restored(directory):
-  return checkpoint_restore.restore_params(directory, _Model(), _Data(), _OneDevice())
+  return restore_fakes.restore(directory, PARAMS)
 
 
 def test_checkpoint_restore_names_no_posterior_kind():
