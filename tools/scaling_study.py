@@ -98,6 +98,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   return args
 
 
+def _width_search(args: argparse.Namespace) -> study.WidthSearch | None:
+  """The ``--search_*`` flags' search, or None without ``--search_layers``."""
+  layers = tuple(int(n) for n in args.search_layers.split(",") if n)
+  if not layers:
+    return None
+  bracket = tuple(int(u) for u in args.search_bracket.split(",")) if args.search_bracket \
+      else None
+  return study.WidthSearch(layers, args.search_step, args.search_start, bracket,
+                           args.search_max_compiles)
+
+
 def main(argv: Sequence[str] | None = None) -> list[dict]:
   args = parse_args(argv)
   try:
@@ -123,11 +134,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         Path(args.markdown) if args.markdown else json_path.with_suffix(".md"),
         Path(args.plot) if args.plot else json_path.with_suffix(".png"), command,
         title=args.title, compare_deterministic=args.compare_deterministic,
-        weak_scaling=args.weak_scaling,
-        search_layers=[int(n) for n in args.search_layers.split(",") if n],
-        search_step=args.search_step, search_start=args.search_start,
-        search_bracket=tuple(int(u) for u in args.search_bracket.split(","))
-        if args.search_bracket else None, search_max_compiles=args.search_max_compiles)
+        weak_scaling=args.weak_scaling, width_search=_width_search(args))
   except ValueError as error:  # a bad option's one line
     raise SystemExit(str(error)) from None
 

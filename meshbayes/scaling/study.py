@@ -32,6 +32,7 @@ markdown's "Predicted step time" table).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -180,16 +181,34 @@ def weak_batch(batch_size: int, targets: Sequence[Target], target: Target,
   return scaled
 
 
+@dataclasses.dataclass(frozen=True)
+class WidthSearch:
+  """The widest fitting model per depth, searched instead of compiling ``base`` as it is
+  (``search.largest_fit``; ``--search_*`` of the scaling_study command).
+
+  Attributes:
+    layers: the depths (encoder and decoder layers each) searched.
+    step: width granularity of the family (``search.Family``).
+    start_units: the first width tried, in ``step``s (None: the base's).
+    bracket: two widths, in ``step``s, known to fit and not to fit (None: found).
+    max_compiles: compiles per depth at most.
+  """
+
+  layers: tuple[int, ...]
+  step: int = 256
+  start_units: int | None = None
+  bracket: tuple[int, ...] | None = None
+  max_compiles: int = 6
+
+
 def run_study(base: Any, targets: Sequence[Target], json_path: Path, markdown_path: Path,
               plot_path: Path, command: str, *, title: str = "",
               compare_deterministic: bool = False, weak_scaling: bool = False,
-              search_layers: Sequence[int] = (), search_step: int = 256,
-              search_start: int | None = None, search_bracket: tuple[int, ...] | None = None,
-              search_max_compiles: int = 6) -> list[dict]:
+              width_search: WidthSearch | None = None) -> list[dict]:
   """Compiles ``base`` (and its deterministic twin when compared) for each target, or
-  searches the widest fitting model for each depth of ``search_layers``; writes the records
-  to ``json_path`` as they come, then the table and plots. ``command`` is recorded in each
-  record and the table. Returns the records.
+  with ``width_search`` searches the widest fitting model for each of its depths; writes
+  the records to ``json_path`` as they come, then the table and plots. ``command`` is
+  recorded in each record and the table. Returns the records.
 
   Raises:
     ValueError: ``weak_scaling`` makes a batch that is not whole on some target.
@@ -212,14 +231,15 @@ def run_study(base: Any, targets: Sequence[Target], json_path: Path, markdown_pa
 
   summaries = []
   for target in targets:
-    if search_layers:
-      family = search.Family(base, step=search_step)
-      for layers in search_layers:
+    if width_search is not None:
+      family = search.Family(base, step=width_search.step)
+      for layers in width_search.layers:
         print(f"{target.label}: searching the widest model with {layers}+{layers} layers",
               flush=True)
         best, _ = search.largest_fit(family, target, layers, compile_and_log,
-                                     start_units=search_start, bracket=search_bracket,
-                                     max_compiles=search_max_compiles)
+                                     start_units=width_search.start_units,
+                                     bracket=width_search.bracket,
+                                     max_compiles=width_search.max_compiles)
         summaries.append((target.label, layers, best))
       continue
     sized = base.replace(batch_size=weak_batch(base.batch_size, targets, target, weak_scaling))
@@ -257,6 +277,7 @@ def run_study(base: Any, targets: Sequence[Target], json_path: Path, markdown_pa
                     f"peak {best['peak_bytes_per_device'] / 2**30:.2f} GiB per device"
                     f"{'' if best.get('bracketed') else ' (next width up not compiled)'}")
   markdown_path.write_text("\n".join(text) + "\n")
-  plotted = (report.plot_search if search_layers else report.plot)(records, plot_path, title)
+  plot = report.plot if width_search is None else report.plot_search
+  plotted = plot(records, plot_path, title)
   print(f"wrote {json_path}, {markdown_path}" + (f", {plotted}" if plotted else ""))
   return records
