@@ -16,7 +16,7 @@ from meshbayes.evaluation import methods
 from meshbayes.layers import posteriors
 from meshbayes.layers.weight_posterior import drawn_member_keys, drawn_num_members, weights_only
 from meshbayes.runtime import strict_json
-from tests.training.runs import command, train_args, train_or_fail
+from tests.training.runs import command, eval_args, train_args, train_or_fail
 
 pytestmark = pytest.mark.integration
 
@@ -92,13 +92,10 @@ def test_the_kind_scales_only_the_output_layer():
 def test_a_method_added_in_one_file_is_evaluated_by_the_eval_command(registered,
                                                                       deterministic_run, capsys):
   code, _, err = command(
-      capsys, "evaluate", "--gin_file=runs/eval.gin", "--gin_file=tasks/synthetic.gin",
-      f"--gin.MODEL_DIR='{deterministic_run}'", "--gin.BATCH_SIZE=8",
-      "--gin.models.EncoderDecoderModel.num_train_units=450000",
-      f"--gin.evaluation.PredictiveConfig.method='{registered}'",
-      "--gin.evaluation.PredictiveConfig.num_samples=2",
-      "--gin.evaluation.DecodeConfig.enabled=False", "--gin.data.TaskData.max_eval_batches=1",
-      "--gin.evaluation.ReportConfig.bootstrap_resamples=10", model_from_model_dir=True)
+      capsys, "evaluate", *eval_args(
+          deterministic_run, f"--gin.evaluation.PredictiveConfig.method='{registered}'",
+          "--gin.evaluation.PredictiveConfig.num_samples=2",
+          "--gin.evaluation.ReportConfig.bootstrap_resamples=10"), model_from_model_dir=True)
   assert code == 0, err[-2000:]
   written = strict_json.loads_strict(
       (deterministic_run / "eval" / "synthetic_reverse" / "metrics.json").read_text())

@@ -20,7 +20,7 @@ from meshbayes.evaluation.predictives import Decoded
 from meshbayes.runtime import strict_json
 from meshbayes.runtime.metrics_writer import MetricsWriter
 from tests.evaluation.made_items import make_items
-from tests.training.runs import command, events, train_args, train_or_fail
+from tests.training.runs import command, eval_args, events, train_args, train_or_fail
 
 PREDICTIVE = "model_average"
 
@@ -211,11 +211,9 @@ def test_evaluate_without_decoding_after_a_decoded_evaluation(tmp_path, capsys):
   out_dir.mkdir(parents=True)
   evaluation_items.write_items(make_items(3, n=8), out_dir, "posterior_mean")  # another step's
   code, out, err = command(
-      capsys, "evaluate", "--gin_file=runs/eval.gin", "--gin_file=tasks/synthetic.gin",
-      f"--gin.MODEL_DIR='{model_dir}'", "--gin.BATCH_SIZE=8",
-      "--gin.models.EncoderDecoderModel.num_train_units=450000",
-      "--gin.evaluation.DecodeConfig.enabled=False", "--gin.data.TaskData.max_eval_batches=1",
-      "--gin.evaluation.ReportConfig.bootstrap_resamples=10", model_from_model_dir=True)
+      capsys, "evaluate",
+      *eval_args(model_dir, "--gin.evaluation.ReportConfig.bootstrap_resamples=10"),
+      model_from_model_dir=True)
   assert code == 0, err[-2000:]
   assert not (out_dir / "predictions_posterior_mean.jsonl").exists()
   written = strict_json.loads_strict((out_dir / "metrics.json").read_text())

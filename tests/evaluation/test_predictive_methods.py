@@ -16,7 +16,7 @@ from meshbayes.experiments import recipes
 from meshbayes.layers import Ensemble, MCDropout, WeightPosterior
 from meshbayes.training import checkpoints
 from tests.experiments.recipe_configs import trained_config
-from tests.training.runs import command, train_args, train_or_fail
+from tests.training.runs import command, eval_args, train_args, train_or_fail
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,11 +244,8 @@ def test_eval_refuses_a_method_that_does_not_fit_before_anything_loads(tmp_path,
   train_or_fail(train_args(model_dir, 2))  # gin_configs/examples/tiny_synthetic_bayesian.gin
   shutil.rmtree(model_dir / "checkpoints" / "2" / checkpoints.STATE)
   code, _, err = command(
-      capsys, "evaluate", "--gin_file=runs/eval.gin", "--gin_file=tasks/synthetic.gin",
-      f"--gin.MODEL_DIR='{model_dir}'", "--gin.BATCH_SIZE=8",
-      "--gin.models.EncoderDecoderModel.num_train_units=450000",
-      "--gin.evaluation.DecodeConfig.enabled=False", "--gin.data.TaskData.max_eval_batches=1",
-      "--gin.evaluation.PredictiveConfig.method='ivon'", model_from_model_dir=True)
+      capsys, "evaluate", *eval_args(model_dir, "--gin.evaluation.PredictiveConfig.method='ivon'"),
+      model_from_model_dir=True)
   # Each line launch writes: PROG: error: MESSAGE (traceback in LOG).
   errors = [re.sub(r" \(traceback in \S+\)$", "", line) for line in err.splitlines()
             if "error:" in line]

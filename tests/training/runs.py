@@ -22,6 +22,16 @@ def train_args(model_dir, steps, *bindings, kind="bayesian"):
           "--gin.models.EncoderDecoderModel.num_train_units=450000", *bindings]
 
 
+def eval_args(model_dir, *bindings):
+  """``meshbayes.eval`` of a ``train_args`` run, teacher-forced only (no decoding), on one
+  batch of 8."""
+  return ["--gin_file=runs/eval.gin", "--gin_file=tasks/synthetic.gin",
+          f"--gin.MODEL_DIR='{model_dir}'", "--gin.BATCH_SIZE=8",
+          "--gin.models.EncoderDecoderModel.num_train_units=450000",
+          "--gin.evaluation.DecodeConfig.enabled=False", "--gin.data.TaskData.max_eval_batches=1",
+          *bindings]
+
+
 def train_or_fail(args):
   """Runs ``meshbayes.train`` here with ``args``; the test fails if training does."""
   try:
