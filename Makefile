@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # module fixtures run once): 2 fills CI's 2 cores, most tests being single-threaded compiles.
 TEST_WORKERS ?= 2
 
-.PHONY: install data demo experiment demo-synthetic demo-layers examples planet test test-slow test-tpu test-gpu-aot clean scaling scaling-full scaling-gpu roofline bench
+.PHONY: install data demo experiment demo-synthetic demo-layers examples planet planet-ablation test test-slow test-tpu test-gpu-aot clean scaling scaling-full scaling-gpu roofline bench
 
 install: $(STAMP)
 
@@ -92,6 +92,15 @@ examples: data
 PLANET_DIR ?= runs/planet
 planet: $(STAMP)
 	$(PY) -m meshbayes.tools.planet --preset=cpu --seeds=7 --out=$(PLANET_DIR)
+
+# Why Bayesian PlaNet falls behind: the factorial ablation fixed in advance
+# (docs/results/2026-11-29-planet-ablation-design.md), six cells at seeds 0-6, the F and P
+# reruns compared bit for bit with the published runs. runs/planet_ablation/ablation.json;
+# resumable. About 3.3 hours on 2 cores (42 runs).
+PLANET_ABLATION_DIR ?= runs/planet_ablation
+planet-ablation: $(STAMP)
+	$(PY) -m meshbayes.tools.planet_ablation --preset=cpu --seeds=7 \
+	  --published=docs/planet/2026-11-28/runs --out=$(PLANET_ABLATION_DIR)
 
 test: $(STAMP)
 	$(PY) -m pytest -m 'not slow' -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)

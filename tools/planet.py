@@ -21,20 +21,20 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
-import json  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 
 from meshbayes.planet import report  # noqa: E402
 from meshbayes.planet.agent import Agent  # noqa: E402
 from meshbayes.planet.config import PRESETS  # noqa: E402
-from meshbayes.planet.training import train  # noqa: E402
+from meshbayes.planet.run_files import run_path, trained  # noqa: E402
 from meshbayes.runtime import strict_json  # noqa: E402
 
 
 # PlanetConfig fields settable from the command line, with their types.
 OVERRIDES = (("train_episodes", int), ("train_steps", int), ("transition_prior", str),
-             ("transition_stddev_ratio", float), ("reward_scale", float), ("collect_rule", str))
+             ("transition_stddev_ratio", float), ("weight_kl_weight", float),
+             ("reward_scale", float), ("collect_rule", str))
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, object]:
@@ -60,25 +60,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
                for e in estimators}
   except ValueError as error:
     parser.error(str(error))
-  os.makedirs(os.path.join(args.out, "runs"), exist_ok=True)
   agents = {e: Agent(config) for e, config in configs.items()}
   records = {e: [] for e in estimators}
   start = time.perf_counter()
   for seed in range(args.first_seed, args.first_seed + args.seeds):
     for estimator, config in configs.items():
       config = dataclasses.replace(config, seed=seed)
-      path = os.path.join(args.out, "runs", f"{estimator}_seed{seed}.json")
-      record = None
-      if os.path.exists(path):
-        with open(path) as f:
-          record = strict_json.restore(json.load(f))  # a diverged run's NaN figures as trained
-        if record["config"] != dataclasses.asdict(config):
-          record = None  # other settings: train again
-      if record is None:
-        record = train(config, agents[estimator], log=lambda m: print(m, flush=True))
-        with open(path + ".tmp", "w") as f:
-          f.write(strict_json.dumps(record, null_reasons=strict_json.NULL_REASONS))
-        os.replace(path + ".tmp", path)
+      record = trained(config, agents[estimator], run_path(args.out, estimator, seed),
+                       log=lambda m: print(m, flush=True))
       records[estimator].append(record)
       returns = ", ".join(f"{rule} {sum(r) / len(r):.1f}"
                           for rule, r in record["eval_returns"].items())

@@ -20,7 +20,7 @@ import optax
 from meshbayes.layers.posteriors import sample_weights
 from meshbayes.planet import pendulum, rollout
 from meshbayes.planet.config import PlanetConfig
-from meshbayes.planet.model import LatentState, WorldModel, gaussian_kl, world_model
+from meshbayes.planet.model import LatentState, WorldModel, world_model
 from meshbayes.planet.planner import cem
 from meshbayes.planet.render import render
 
@@ -111,17 +111,9 @@ class Agent:
     """
     c = self.config
     key_noise, key_weights = jax.random.split(key)
-    images = batch["images"]
-    noise = jax.random.normal(key_noise, images.shape[:2] + (c.stoch_size,))
-    states, priors, posteriors = rollout.observe_sequence(
-        self.model, params, images, batch["prev_actions"], noise, key_weights)
-    variables = {"params": params}
-    predicted = self.model.apply(variables, states, method=WorldModel.decode)
-    image_nll = 0.5 * jnp.mean(jnp.sum(jnp.square(images - predicted), axis=(-3, -2, -1)))
-    rewards = self.model.apply(variables, states, method=WorldModel.reward)
-    targets = batch["rewards"] / pendulum.REWARD_UNIT
-    reward_nll = 0.5 * jnp.mean(jnp.square(targets - rewards))
-    latent_kl = gaussian_kl(posteriors, priors)  # (batch, time)
+    noise = jax.random.normal(key_noise, batch["images"].shape[:2] + (c.stoch_size,))
+    image_nll, reward_nll, latent_kl = rollout.sequence_fit(self.model, params, batch, noise,
+                                                            key_weights)
     # Clamped per element, as PlaNet: a batch mean under free_nats would cut the prior's
     # gradient everywhere, also where one element's KL is large.
     latent_term = jnp.mean(jnp.maximum(c.free_nats, latent_kl))

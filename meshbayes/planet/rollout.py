@@ -1,6 +1,7 @@
-"""The world model run over sequences: filtering on observed images, imagining ahead.
+"""The world model run over sequences: filtering on observed images, imagining ahead, and
+the fit of observed sequences (PlaNet's loss terms).
 
-Both scan ``WorldModel.apply`` calls over time with one ``'sample'`` key, so a Bayesian
+Filtering and imagining scan ``WorldModel.apply`` calls over time with one ``'sample'`` key, so a Bayesian
 transition uses one weight sample for the whole batch of sequences. The latent noise is
 the caller's (zeros: the states' means). Arrays are batch-major ``(batch, time, ...)``.
 """
@@ -11,7 +12,8 @@ import jax
 import jax.numpy as jnp
 
 from meshbayes.layers import KL_COLLECTION, total_kl
-from meshbayes.planet.model import Gaussian, LatentState, WorldModel
+from meshbayes.planet import pendulum
+from meshbayes.planet.model import Gaussian, LatentState, WorldModel, gaussian_kl
 
 Array = jax.Array
 
@@ -81,3 +83,31 @@ def weight_kl(model: WorldModel, params) -> Array:
   _, collections = model.apply(variables, state, action, state.stoch, True,
                                method=WorldModel.imagine_step, mutable=[KL_COLLECTION])
   return total_kl(collections)
+
+
+def sequence_fit(model: WorldModel, params, batch: dict[str, Array], noise: Array,
+                 weight_key: Array, deterministic: bool = False
+                 ) -> tuple[Array, Array, Array]:
+  """How well the model explains observed sequences: PlaNet's loss terms per decision.
+
+  Args:
+    model, params: the world model and its parameters.
+    batch: ``images`` ``(B, T, S, S, 1)``, ``prev_actions`` ``(B, T, A)`` and ``rewards``
+      ``(B, T)`` (the environment's, summed over a decision's steps).
+    noise, weight_key, deterministic: as ``observe_sequence``'s.
+
+  Returns:
+    The image's Gaussian NLL (unit variance, summed over pixels, constant dropped) and the
+    reward's (in units of ``pendulum.REWARD_UNIT``), each a mean over the decisions, and
+    the latent KL(posterior || prior) of each decision ``(B, T)``.
+  """
+  images = batch["images"]
+  states, priors, posteriors = observe_sequence(model, params, images, batch["prev_actions"],
+                                                noise, weight_key, deterministic)
+  variables = {"params": params}
+  predicted = model.apply(variables, states, method=WorldModel.decode)
+  image_nll = 0.5 * jnp.mean(jnp.sum(jnp.square(images - predicted), axis=(-3, -2, -1)))
+  rewards = model.apply(variables, states, method=WorldModel.reward)
+  targets = batch["rewards"] / pendulum.REWARD_UNIT
+  reward_nll = 0.5 * jnp.mean(jnp.square(targets - rewards))
+  return image_nll, reward_nll, gaussian_kl(posteriors, priors)

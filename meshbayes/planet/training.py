@@ -3,7 +3,9 @@
 Seed episodes, then rounds of ``train_steps`` gradient steps and one collected episode;
 then every decision rule acts, without noise, from validation start states (where a rule
 is chosen) and held-out ones (where it is scored). Start states and probe episodes depend
-on the seed alone, so both agents of a seed meet the same ones. Times exclude compiles.
+on the seed alone, so both agents of a seed meet the same ones; after each round (and at
+the start) the world model is scored on the probe episodes and its stddevs read
+(``diagnostics``). Times exclude compiles and those measurements.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from meshbayes.planet import probes
+from meshbayes.planet import diagnostics, probes
 from meshbayes.planet.agent import Agent, Episode, ReplayBuffer
 from meshbayes.planet.config import PlanetConfig
+
+Array = jax.Array
 
 
 def _blocked(tree):
@@ -39,12 +43,18 @@ def train(config: PlanetConfig, agent: Agent | None = None,
   key_init, key_collect, key_train, key_validation, key_eval, key_probe = jax.random.split(
       jax.random.key(config.seed), 6)
   rng = np.random.default_rng(config.seed)
+  fan_in_scaled = config.transition_prior == "fan_in_scaled"
   params, opt_state = agent.init(key_init)
   buffer = ReplayBuffer(config, config.seed_episodes + config.train_episodes)
   curve = {"env_steps": [], "return": [], "weight_kl": [], "loss": [], "image_nll": [],
-           "reward_nll": [], "latent_kl": [], "latent_term": []}
+           "reward_nll": [], "latent_kl": [], "latent_term": [], "shared_fit": [],
+           "stddev_ratio": []}
   timing = {"train_seconds": 0.0, "train_steps_timed": 0, "collect_seconds": 0.0,
-            "collect_episodes": 0}
+            "collect_episodes": 0, "diagnostic_seconds": 0.0}
+  probe = [_blocked(agent.random_episode(jax.random.fold_in(key_probe, index)))
+           for index in range(config.probe_episodes)]
+  probe = {name: jnp.stack([getattr(e, name) for e in probe]) for name in Episode._fields}
+  fit_on_probe = _probe_fit(agent, probe, jax.random.fold_in(key_probe, config.probe_episodes))
 
   def collected(episode: Episode, metrics: dict[str, float] | None) -> None:
     buffer.add(episode)
@@ -52,6 +62,12 @@ def train(config: PlanetConfig, agent: Agent | None = None,
     curve["return"].append(episode.total_return)
     for name in ("weight_kl", "loss", "image_nll", "reward_nll", "latent_kl", "latent_term"):
       curve[name].append(None if metrics is None else metrics[name])
+    compiled, tic = agent.compile_seconds, time.perf_counter()
+    curve["shared_fit"].append({name: float(value) for name, value in
+                                fit_on_probe(params, None, True).items()})
+    curve["stddev_ratio"].append(diagnostics.stddev_ratios(params, fan_in_scaled))
+    timing["diagnostic_seconds"] += (time.perf_counter() - tic
+                                     - (agent.compile_seconds - compiled))
 
   for index in range(config.seed_episodes):
     collected(_blocked(agent.random_episode(jax.random.fold_in(key_collect, index))), None)
@@ -83,8 +99,10 @@ def train(config: PlanetConfig, agent: Agent | None = None,
         f"{config.train_episodes}: return {episode.total_return:.1f}, "
         f"loss {metrics['loss']:.2f}, weight KL {metrics['weight_kl']:.1f}")
 
-  # Training and collection, less the compiles they did (the first seed of an agent compiles).
-  wall_seconds = time.perf_counter() - start - (agent.compile_seconds - compiled_before)
+  # Training and collection, less the compiles they did (the first seed of an agent
+  # compiles) and the measurements between rounds.
+  wall_seconds = (time.perf_counter() - start - (agent.compile_seconds - compiled_before)
+                  - timing["diagnostic_seconds"])
   validation_returns, eval_returns, eval_seconds = {}, {}, {}
   for rule in config.decision_rules:
     validation_returns[rule] = [
@@ -101,9 +119,6 @@ def train(config: PlanetConfig, agent: Agent | None = None,
     log(f"{config.estimator} seed {config.seed} rule {rule}: validation "
         f"{np.mean(validation_returns[rule]):.1f}, held-out {np.mean(eval_returns[rule]):.1f}")
 
-  probe = [_blocked(agent.random_episode(jax.random.fold_in(key_probe, index)))
-           for index in range(config.probe_episodes)]
-  probe = {name: jnp.stack([getattr(e, name) for e in probe]) for name in Episode._fields}
   half = config.probe_episodes // 2  # the first half fits the probe, the second scores
   errors = agent.call_compiled(
       "open_loop_error", functools.partial(probes.open_loop_error, agent.model,
@@ -130,6 +145,10 @@ def train(config: PlanetConfig, agent: Agent | None = None,
           :, config.open_loop_context:config.open_loop_context + config.open_loop_steps]))),
       "velocity_probe_r2": r2,
       "final_weight_kl": float(agent.weight_kl(params)),
+      "final_stddev_ratio": diagnostics.stddev_ratios(params, fan_in_scaled),
+      "shared_fit": diagnostics.shared_fit(
+          lambda key, deterministic: fit_on_probe(params, key, deterministic), config.bayesian,
+          jax.random.fold_in(key_probe, config.probe_episodes + 1)),
       "train_step_seconds": timing["train_seconds"] / max(1, timing["train_steps_timed"]),
       "train_seconds": timing["train_seconds"],
       "collect_seconds": timing["collect_seconds"],
@@ -138,3 +157,20 @@ def train(config: PlanetConfig, agent: Agent | None = None,
       "train_step_memory": agent.memory,
       "wall_seconds": wall_seconds,
   }
+
+
+def _probe_fit(agent: Agent, probe: dict[str, Array], key: Array):
+  """``(params, weight_key, deterministic) -> diagnostics.fit_terms`` on the probe episodes
+  from their first decision on (the start entry has no reward), under latent noise drawn
+  from ``key`` (the same for every call and agent of a seed); ``weight_key`` None: the
+  posterior mean."""
+  episodes = {name: probe[name][:, 1:] for name in ("images", "prev_actions", "rewards")}
+  noise = jax.random.normal(key, episodes["images"].shape[:2] + (agent.config.stoch_size,))
+
+  def fit(params, weight_key, deterministic: bool):
+    name = "probe_fit_mean" if deterministic else "probe_fit_sampled"
+    weight_key = jax.random.key(0) if weight_key is None else weight_key  # unused at the mean
+    return agent.call_compiled(
+        name, functools.partial(diagnostics.fit_terms, agent.model, deterministic=deterministic),
+        params, episodes, noise, weight_key)
+  return fit

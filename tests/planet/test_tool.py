@@ -41,3 +41,7 @@ def test_tool_rejects_bad_arguments(capsys):
   with pytest.raises(SystemExit):
     planet.main(["--estimators=bayes", "--preset=toy"])
   assert "estimator='bayes'" in capsys.readouterr().err
+  # The weight KL's weight is settable like the other fields, and checked the same way.
+  with pytest.raises(SystemExit):
+    planet.main(["--weight_kl_weight=-1", "--preset=toy"])
+  assert "weight_kl_weight=-1.0" in capsys.readouterr().err
