@@ -1,7 +1,8 @@
 """Translation tasks, T5X-style: Tatoeba English-French and WMT through TFDS.
 
 Registered on import, read only when requested, never downloaded: ``tatoeba_enfr``,
-``tatoeba_fren``, ``tatoeba_enfr_20k`` (``make data``; vocabulary ``tatoeba_en-fr``),
+``tatoeba_fren``, ``tatoeba_enfr_20k`` (``make data``; vocabulary ``tatoeba_en-fr``; its
+``pool`` split and ``pool_N`` samples: ``tatoeba_pool``),
 ``wmt14_enfr``/``fren`` (``wmt_en-fr``), ``wmt14_ende``/``deen`` and
 ``wmt_t2t_ende``/``deen`` (``wmt_en-de``). Preprocessing: docs/training.md.
 """
@@ -16,13 +17,16 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from etils import epath
 
-from meshbayes.data import paths, tatoeba
+from meshbayes.data import paths, tatoeba, tatoeba_pool
 from meshbayes.data.backend import seqio, tf
 from meshbayes.data.offline_tfds import OfflineTfdsDataSource
 from meshbayes.data.sentencepiece_vocab import PreparedVocabulary
 from meshbayes.data.sources import FunctionDataSource
 
 SPLITS = ("train", "validation", "test")
+# A subset task's held-out pool (``tatoeba_pool``), all of it in sample order; POOL_SPLIT
+# + "_N" names its sample of N sources (any N, so the name is not in the task's splits).
+POOL_SPLIT = "pool"
 _LOG = logging.getLogger(__name__)
 
 
@@ -87,9 +91,62 @@ def _tatoeba_split(split: str) -> tuple[epath.Path, int, int]:
 
 
 def tatoeba_fingerprint(split: str) -> str:
-  """What a Tatoeba split is read from: its file's size and modification time."""
+  """What a Tatoeba split is read from: its file's size and modification time (a pool
+  split's: every split's)."""
+  if _pool_size(split) != -1:
+    return f"{split} of " + ", ".join(map(tatoeba_fingerprint, SPLITS))
   path, size, mtime_ns = _tatoeba_split(split)
   return f"{path.name}: {size} bytes, modified at {mtime_ns} ns"
+
+
+def _pool_size(split: str) -> int | None:
+  """The sources a pool split takes (None: all of them), or -1 for another split; a
+  malformed pool split name is a one-line error."""
+  if split == POOL_SPLIT:
+    return None
+  if not split.startswith(POOL_SPLIT + "_"):
+    return -1
+  digits = split[len(POOL_SPLIT) + 1:]
+  if not (digits.isascii() and digits.isdigit()) or int(digits) < 1:
+    raise ValueError(f"split {split!r}: a pool sample is named {POOL_SPLIT}_N with N a whole "
+                     f"number of sources, 1 or more (e.g. '{POOL_SPLIT}_22400'), or "
+                     f"{POOL_SPLIT!r} for the whole pool")
+  return int(digits)
+
+
+@functools.lru_cache(maxsize=2)
+def _read_pool(subset_pairs: int, files: tuple[tuple[str, int, int], ...]
+               ) -> list[tatoeba_pool.Source]:
+  """The pool of the first ``subset_pairs`` training pairs; ``files``: each split's path,
+  size and modification time (ns), as ``_read_tatoeba`` reads them (and keys its cache)."""
+  splits = {split: [tatoeba.Pair(e, f) for e, f in zip(*_read_tatoeba(*file))]
+            for split, file in zip(SPLITS, files)}
+  return tatoeba_pool.build_pool(splits, subset_pairs).sources
+
+
+def pool_pairs(split: str, train_pairs: int | None) -> tuple[list[str], list[str]]:
+  """A pool split's English and French sentences, source by source in sample order.
+
+  Args:
+    split: ``POOL_SPLIT`` (the whole pool) or ``POOL_SPLIT + '_N'`` (its first N sources).
+    train_pairs: the training subset the pool is held out from (None: the whole
+      training split, which leaves no pool: an error).
+  """
+  if train_pairs is None:
+    raise ValueError(f"split {split!r}: a pool is held out from a training subset; this "
+                     "task trains on the whole training split (the pool is "
+                     "tatoeba_enfr_20k's)")
+  size = _pool_size(split)
+  files = tuple((str(path), file_size, mtime_ns)
+                for path, file_size, mtime_ns in map(_tatoeba_split, SPLITS))
+  sources = _read_pool(train_pairs, files)
+  if size is not None:
+    try:
+      sources = tatoeba_pool.sample(sources, size)
+    except ValueError as error:
+      raise ValueError(f"split {split!r}: {error}") from None
+  pairs = [pair for source in sources for pair in source.pairs]
+  return [p.english for p in pairs], [p.translation for p in pairs]
 
 
 def shuffled_epochs(size: int, seed: int) -> tf.data.Dataset:
@@ -118,6 +175,8 @@ def tatoeba_dataset(split: str, shuffle_files: bool, seed: int | None = None,
   ``train_pairs`` keeps the training split's first pairs only: the file holds
   its groups of translations in a salted-hash order (``tatoeba.split_pairs``),
   so they are a fixed sample of the split, not its shortest or oldest pairs.
+  With it, split ``POOL_SPLIT`` (or ``POOL_SPLIT + '_N'``) is the pool those pairs
+  leave unused (or its first N sources; ``pool_pairs``).
 
   With ``shuffle_files`` the split is read endlessly (for training), each
   epoch in a new order that depends only on ``seed`` (``shuffled_epochs``), and
@@ -125,8 +184,11 @@ def tatoeba_dataset(split: str, shuffle_files: bool, seed: int | None = None,
   together, and seqio's 1,000-example shuffle buffer alone would leave them in
   neighbouring batches. Without it, the file's order, once.
   """
-  path, size, mtime_ns = _tatoeba_split(split)
-  english, french = _read_tatoeba(str(path), size, mtime_ns)
+  if _pool_size(split) != -1:
+    english, french = pool_pairs(split, train_pairs)
+  else:
+    path, size, mtime_ns = _tatoeba_split(split)
+    english, french = _read_tatoeba(str(path), size, mtime_ns)
   if split == "train" and train_pairs is not None:
     english, french = english[:train_pairs], french[:train_pairs]
   texts = {"en": tf.constant(english, tf.string), "fr": tf.constant(french, tf.string)}
@@ -178,12 +240,21 @@ _TATOEBA_SOURCE = FunctionDataSource(tatoeba_dataset, SPLITS, tatoeba_fingerprin
                                      shuffles_whole_split=True)
 _register("tatoeba_enfr", _TATOEBA_SOURCE, "en", "fr", _TATOEBA_VOCABULARY)
 _register("tatoeba_fren", _TATOEBA_SOURCE, "fr", "en", _TATOEBA_VOCABULARY)
-# A training set small for its model (the Bayesian Layers paper's regime; `make experiment`):
-# the first 20,000 training pairs, the same validation and test splits.
+
+
+def register_tatoeba_subset(name: str, train_pairs: int) -> None:
+  """Registers English -> French task ``name``: the first ``train_pairs`` training pairs,
+  the same validation and test splits, and the pool the other training pairs give
+  (``POOL_SPLIT``, ``POOL_SPLIT + '_N'``)."""
+  _register(name, FunctionDataSource(
+      functools.partial(tatoeba_dataset, train_pairs=train_pairs), SPLITS + (POOL_SPLIT,),
+      tatoeba_fingerprint, shuffles_whole_split=True), "en", "fr", _TATOEBA_VOCABULARY)
+
+
+# A training set small for its model (the Bayesian Layers paper's regime; `make experiment`);
+# its pool is a test split some 50 times the test split's size.
 TATOEBA_SUBSET_PAIRS = 20_000
-_register("tatoeba_enfr_20k", FunctionDataSource(
-    functools.partial(tatoeba_dataset, train_pairs=TATOEBA_SUBSET_PAIRS), SPLITS,
-    tatoeba_fingerprint, shuffles_whole_split=True), "en", "fr", _TATOEBA_VOCABULARY)
+register_tatoeba_subset("tatoeba_enfr_20k", TATOEBA_SUBSET_PAIRS)
 
 _WMT = (  # task prefix, TFDS name, other language
     ("wmt14", "wmt14_translate/fr-en:1.0.0", "fr"),

@@ -322,3 +322,8 @@ def test_the_subset_task_trains_on_the_first_pairs_and_keeps_the_heldout_splits(
     assert inputs("tatoeba_enfr_20k") == inputs("tatoeba_enfr") != []
   # The fake corpus is smaller than the subset: all of its training split.
   assert len(_examples("tatoeba_enfr_20k", "train")) == len(train) < translation.TATOEBA_SUBSET_PAIRS
+  # Its pool (tests/data/test_tatoeba_pool.py) is a split of its own; the whole training
+  # split leaves none.
+  assert seqio.get_mixture_or_task("tatoeba_enfr_20k").splits == (
+      "train", "validation", "test", "pool")
+  assert seqio.get_mixture_or_task("tatoeba_enfr").splits == ("train", "validation", "test")
