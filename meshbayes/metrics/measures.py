@@ -125,7 +125,8 @@ MEASURES = (
     _figure("abs_probability_gap", "absolute sequence probability gap (%)", LOWER, SEQUENCE,
             100, ".2f", "the absolute value of the sequence probability gap"),
     _figure("sequence_ece", "sequence ECE, exact match (%)", LOWER, SEQUENCE, 100, ".2f",
-            "ECE of [1 - p, p] against exact match, 15 equal-width bins of max(p, 1 - p)"),
+            "ECE of [1 - p, p] against exact match, 15 equal-width bins of max(p, 1 - p); "
+            "blind to overconfidence at low match rates with several references"),
     _figure("calibration_auroc", "sequence calibration AUROC", HIGHER, SEQUENCE, 1, ".3f",
             "AUROC of p ranking the outputs that match a reference above the rest"),
     _figure("equal_mass_ece", "sequence equal-mass ECE, exact match (%)", LOWER, SEQUENCE, 100,
@@ -136,6 +137,15 @@ MEASURES = (
     _figure("fraction_probability_gap", "sequence probability gap, reference fraction (%)",
             NEITHER, SEQUENCE, 100, ".2f",
             "mean p minus the mean reference fraction (positive: overconfident)"),
+    _figure("fraction_signed_gap", "sequence signed gap, reference fraction (%)", NEITHER,
+            SEQUENCE, 100, ".2f", "mean reference fraction minus mean p (negative: "
+            "overconfident; metrics.sequence_gap): a primary sequence calibration figure"),
+    _figure("fraction_signed_gap_z", "sequence signed gap, reference fraction, z", NEITHER,
+            SEQUENCE, 1, ".2f", "the signed gap over its standard error, the per-source "
+            "standard deviation of label - p over sqrt(n)"),
+    _figure("fraction_signed_gap_p_value", "sequence signed gap, reference fraction, p-value",
+            NEITHER, SEQUENCE, 1, ".3f", "two-sided p-value of a true signed gap of 0 (normal "
+            "approximation); under alpha the predictive is over- or underconfident"),
     _figure("fraction_ece", "sequence ECE, reference fraction (%)", LOWER, SEQUENCE, 100,
             ".2f", "one-sided ECE of p against the fraction of references matched, 15 "
             "equal-width bins of p"),
@@ -247,6 +257,15 @@ _EQUIVALENCE_FIGURES = (
     ("fraction_probability_gap", "fraction_confidence_gap",
      "class confidence gap, reference fraction (%)",
      "mean c(y) minus the mean equivalent-reference fraction (positive: overconfident), {c}"),
+    ("fraction_signed_gap", "fraction_signed_confidence_gap",
+     "class confidence signed gap, reference fraction (%)",
+     "mean equivalent-reference fraction minus mean c(y) (negative: overconfident), {c}"),
+    ("fraction_signed_gap_z", "fraction_signed_confidence_gap_z",
+     "class confidence signed gap, reference fraction, z",
+     "the class confidence signed gap over its standard error, {c}"),
+    ("fraction_signed_gap_p_value", "fraction_signed_confidence_gap_p_value",
+     "class confidence signed gap, reference fraction, p-value",
+     "two-sided p-value of a true class confidence signed gap of 0, {c}"),
     ("fraction_ece", "fraction_ece", "class confidence ECE, reference fraction (%)",
      "one-sided ECE of c(y) against the fraction of references equivalent, 15 equal-width "
      "bins of c, {c}"),
@@ -315,8 +334,9 @@ _LABELLED_BY = {
     "exact_match_positives": ("mean_probability", "probability_gap", "abs_probability_gap",
                               "sequence_ece", "calibration_auroc", "equal_mass_ece",
                               "match_rate_over_probability", "debiased_sequence_ece"),
-    "reference_fraction_positives": ("fraction_probability_gap", "fraction_ece",
-                                     "debiased_fraction_ece"),
+    "reference_fraction_positives": ("fraction_probability_gap", "fraction_signed_gap",
+                                     "fraction_signed_gap_z", "fraction_signed_gap_p_value",
+                                     "fraction_ece", "debiased_fraction_ece"),
 }
 _POSITIVES = {figure: count for count, figures in _LABELLED_BY.items() for figure in figures}
 _POSITIVES.update({equivalence_figure(equivalence, figure): equivalence_figure(equivalence, count)

@@ -5,8 +5,10 @@ Output ``j`` has probability ``p_j`` and matches ``m_j`` of its source's ``k_j >
 references (``sequence_calibration.normalize_for_match``). Labels: any reference,
 ``1[m_j > 0]``, or the fraction ``m_j / k_j`` (unbiased for the true ``q(y)`` when the
 references are independent draws). ECEs take labels in ``[0, 1]``; ``null_band`` gives
-the ECE of calibrated labels drawn on the same ``p``. Derivations, the biases of
-deduplicated references and the two ECEs compared: docs/measures.md.
+the ECE of calibrated labels drawn on the same ``p``. The signed gap and its z-test (a
+primary figure beside the one-sided fraction ECE's band): ``sequence_gap``; the sources a
+test needs: ``sequence_power``. Derivations, the biases of deduplicated references, the two
+ECEs compared and which figure sees which direction: docs/measures.md.
 
 >>> matched, k = [1, 0, 2], [2, 1, 3]
 >>> reference_fraction_labels(matched, k)
@@ -26,7 +28,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from meshbayes.metrics import calibration, sequence_calibration
+from meshbayes.metrics import calibration, label_checks, sequence_calibration, sequence_gap
 
 DEFAULT_NUM_BINS = calibration.DEFAULT_NUM_BINS
 DEFAULT_NULL_DRAWS = 1000
@@ -34,56 +36,6 @@ DEFAULT_QUANTILES = (0.025, 0.5, 0.975)
 FRACTION, ANY = "fraction", "any"
 # Null draws are made in chunks of at most this many labels (memory).
 _CHUNK_LABELS = 1 << 22
-
-
-# --------------------------------------------------------------------------- checks
-
-
-def _first_bad(values: np.ndarray, bad: np.ndarray) -> str:
-  index = np.unravel_index(np.flatnonzero(bad.reshape(-1))[0], values.shape)
-  where = int(index[0]) if len(index) == 1 else tuple(int(i) for i in index)
-  return f"{values[index].item()!r} at index {where}"
-
-
-def _probabilities(probabilities, owner: str) -> np.ndarray:
-  p = np.asarray(probabilities, np.float64)
-  if p.ndim != 1:
-    raise ValueError(f"{owner}: probabilities must be 1-D; got shape {p.shape}")
-  bad = ~((p >= 0) & (p <= 1))
-  if bad.any():
-    raise ValueError(f"{owner}: probabilities must lie in [0, 1]; got {_first_bad(p, bad)}")
-  return p
-
-
-def _labels(labels, n: int, owner: str) -> np.ndarray:
-  y = np.asarray(labels, np.float64)
-  if y.ndim not in (1, 2) or y.shape[-1] != n:
-    raise ValueError(f"{owner}: labels must have shape ({n},) or (draws, {n}) to match "
-                     f"{n} probabilities; got shape {y.shape}")
-  bad = ~((y >= 0) & (y <= 1))
-  if bad.any():
-    raise ValueError(f"{owner}: labels must lie in [0, 1]; got {_first_bad(y, bad)}")
-  return y
-
-
-def _counts(num_matched, num_references, owner: str) -> tuple[np.ndarray, np.ndarray]:
-  m, k = np.asarray(num_matched), np.asarray(num_references)
-  for name, values, low in (("num_matched", m, 0), ("num_references", k, 1)):
-    if values.ndim != 1:
-      raise ValueError(f"{owner}: {name} must be 1-D; got shape {values.shape}")
-    as_float = values.astype(np.float64)
-    bad = ~((as_float >= low) & (as_float == np.round(as_float))) | (values.dtype == bool)
-    if bad.any():
-      raise ValueError(f"{owner}: {name} must be ints >= {low}; got {_first_bad(values, bad)}")
-  if m.shape != k.shape:
-    raise ValueError(f"{owner}: num_matched and num_references must have one length; got "
-                     f"{m.size} and {k.size}")
-  m, k = m.astype(np.int64), k.astype(np.int64)
-  if (m > k).any():
-    index = int(np.flatnonzero(m > k)[0])
-    raise ValueError(f"{owner}: num_matched {m[index]} exceeds num_references {k[index]} "
-                     f"at index {index}")
-  return m, k
 
 
 # --------------------------------------------------------------------------- labels
@@ -143,7 +95,7 @@ def reference_fraction_labels(num_matched, num_references) -> np.ndarray:
   >>> reference_fraction_labels([0, 1, 3], [1, 4, 3])
   array([0.  , 0.25, 1.  ])
   """
-  m, k = _counts(num_matched, num_references, "reference_fraction_labels")
+  m, k = label_checks.counts(num_matched, num_references, "reference_fraction_labels")
   return m / k
 
 
@@ -154,7 +106,7 @@ def any_reference_labels(num_matched, num_references) -> np.ndarray:
   >>> any_reference_labels([0, 1, 3], [1, 4, 3])
   array([0., 1., 1.])
   """
-  m, _ = _counts(num_matched, num_references, "any_reference_labels")
+  m, _ = label_checks.counts(num_matched, num_references, "any_reference_labels")
   return (m > 0).astype(np.float64)
 
 
@@ -197,8 +149,8 @@ def one_sided_ece(probabilities, labels, num_bins: int = DEFAULT_NUM_BINS):
   0.15
   """
   _check_bins(num_bins, "one_sided_ece")
-  p = _probabilities(probabilities, "one_sided_ece")
-  y = _labels(labels, p.size, "one_sided_ece")
+  p = label_checks.probabilities(probabilities, "one_sided_ece")
+  y = label_checks.labels(labels, p.size, "one_sided_ece")
   return _signed_binned_gap(p, y, calibration.bin_indices(p, num_bins), np.ones_like(p))
 
 
@@ -207,6 +159,14 @@ def two_class_ece(probabilities, labels, num_bins: int = DEFAULT_NUM_BINS):
   ``max(p, 1 - p)``, scored by the label of the predicted class (``label`` if
   ``p > 1/2``, else ``1 - label``). For 0/1 labels, ``sequence_calibration.binary_ece``.
 
+  Its blind side, with exact-match (any-reference) labels at low match rates and several
+  references per source: it cannot see overconfidence. The any-reference label's
+  expectation ``1 - (1 - q)^k`` exceeds ``q``, which offsets a ``p`` above ``q``, and the
+  null band of ``1[Binomial(k, p) > 0]`` labels grows with ``p``: at Tatoeba's reference
+  counts and about 91 matches in 2,000 sources, a model whose ``p`` is 1.25 to 2 times the
+  truth falls inside or below the band (tests/metrics/test_sequence_directions.py). Report
+  it; decide with ``sequence_gap.gap_test`` and the one-sided fraction ECE's band.
+
   Args and returns as ``one_sided_ece``.
 
   >>> # confidence 0.8 (p = 0.2; scored 1 - label): |0.8 - 0.75| * 2/3; 0.9: |0.9 - 1| * 1/3
@@ -214,8 +174,8 @@ def two_class_ece(probabilities, labels, num_bins: int = DEFAULT_NUM_BINS):
   0.066667
   """
   _check_bins(num_bins, "two_class_ece")
-  p = _probabilities(probabilities, "two_class_ece")
-  y = _labels(labels, p.size, "two_class_ece")
+  p = label_checks.probabilities(probabilities, "two_class_ece")
+  y = label_checks.labels(labels, p.size, "two_class_ece")
   return _signed_binned_gap(p, y, calibration.bin_indices(np.maximum(p, 1.0 - p), num_bins),
                             np.where(p > 0.5, 1.0, -1.0))
 
@@ -279,7 +239,7 @@ def _draw_labels(rng: np.random.Generator, p: np.ndarray, k: np.ndarray | None, 
 
 def _null_arguments(probabilities, num_draws, num_references, label, owner: str
                     ) -> tuple[np.ndarray, np.ndarray | None]:
-  p = _probabilities(probabilities, owner)
+  p = label_checks.probabilities(probabilities, owner)
   if not isinstance(num_draws, (int, np.integer)) or isinstance(num_draws, bool) or num_draws < 1:
     raise ValueError(f"{owner}: num_draws={num_draws!r} must be a positive int")
   if label not in (FRACTION, ANY):
@@ -289,7 +249,7 @@ def _null_arguments(probabilities, num_draws, num_references, label, owner: str
   if np.ndim(num_references) != 1:
     raise ValueError(f"{owner}: num_references must be 1-D; got shape "
                      f"{np.shape(num_references)}")
-  _, k = _counts(np.zeros(np.shape(num_references), np.int64), num_references, owner)
+  _, k = label_checks.counts(np.zeros(np.shape(num_references), np.int64), num_references, owner)
   if k.size != p.size:
     raise ValueError(f"{owner}: {p.size} probabilities but {k.size} reference counts")
   return p, k
@@ -387,23 +347,31 @@ def fraction_calibration_figures(probabilities, num_matched, num_references,
   Returns:
     ``reference_fraction`` (mean fraction label, the estimate of the mean true ``q(y)``),
     ``fraction_probability_gap`` (mean ``p`` minus it; > 0: overconfident),
-    ``fraction_ece`` (``one_sided_ece`` against the fraction labels), and
-    ``match_rate_over_probability`` (exact-match rate over mean ``p``: about 1 for a
-    calibrated model with one reference each, more with several).
+    ``fraction_signed_gap`` (the primary figure, ``sequence_gap.gap_test`` against the
+    fraction labels: mean label minus mean ``p``; < 0: overconfident) with its z-test's
+    ``fraction_signed_gap_z`` and two-sided ``fraction_signed_gap_p_value`` (NaN under 2
+    outputs or without spread), ``fraction_ece`` (``one_sided_ece`` against the fraction
+    labels), and ``match_rate_over_probability`` (exact-match rate over mean ``p``: about 1
+    for a calibrated model with one reference each, more with several).
 
   >>> figures = fraction_calibration_figures([0.5, 0.2], [1, 0], [2, 1])
   >>> figures['reference_fraction'], round(figures['fraction_probability_gap'], 6)
   (0.25, 0.1)
+  >>> round(figures['fraction_signed_gap'], 6), round(figures['fraction_signed_gap_p_value'], 3)
+  (-0.1, 0.317)
   """
-  p = _probabilities(probabilities, "fraction_calibration_figures")
-  m, k = _counts(num_matched, num_references, "fraction_calibration_figures")
+  p = label_checks.probabilities(probabilities, "fraction_calibration_figures")
+  m, k = label_checks.counts(num_matched, num_references, "fraction_calibration_figures")
   if m.size != p.size:
     raise ValueError(f"fraction_calibration_figures: {p.size} probabilities but {m.size} counts")
   fraction = m / k
   mean_p = float(p.mean()) if p.size else float("nan")
+  gap = sequence_gap.gap_test(p, fraction)
   return {"reference_fraction": float(fraction.mean()) if p.size else float("nan"),
           "fraction_probability_gap": float(p.mean() - fraction.mean()) if p.size else float(
               "nan"),
+          "fraction_signed_gap": gap.estimate, "fraction_signed_gap_z": gap.z,
+          "fraction_signed_gap_p_value": gap.p_value,
           "fraction_ece": one_sided_ece(p, fraction, num_bins),
           "match_rate_over_probability": float(np.mean(m > 0) / mean_p) if mean_p > 0 else
           float("nan")}

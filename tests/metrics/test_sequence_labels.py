@@ -271,9 +271,16 @@ def test_hand_made_cases():
                                               [["oui .", "Oui.", "Si"], ["Oui!"], ["non"]])
   assert matched.tolist() == [2, 0, 1] and counts.tolist() == [3, 1, 1]
   figures = sl.fraction_calibration_figures([0.4, 0.2, 0.3], [1, 0, 2], [2, 1, 2])
+  # label - p: 0.1, -0.2, 0.7; mean 0.2, sample std sqrt(0.21), z = 0.2 / sqrt(0.21 / 3).
+  z = 0.2 / math.sqrt(0.21 / 3)
   assert figures == pytest.approx({"reference_fraction": 0.5, "fraction_probability_gap": -0.2,
+                                   "fraction_signed_gap": 0.2, "fraction_signed_gap_z": z,
+                                   "fraction_signed_gap_p_value": math.erfc(z / math.sqrt(2)),
                                    "fraction_ece": (0.1 + 0.2 + 0.7) / 3,
                                    "match_rate_over_probability": (2 / 3) / 0.3})
+  one = sl.fraction_calibration_figures([0.4], [1], [2])  # one output: a gap, no test
+  assert one["fraction_signed_gap"] == pytest.approx(0.1)
+  assert math.isnan(one["fraction_signed_gap_z"]) and math.isnan(one["fraction_signed_gap_p_value"])
 
 
 # --------------------------------------------------------------------------- bad input
