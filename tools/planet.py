@@ -34,6 +34,7 @@ from meshbayes.runtime import strict_json  # noqa: E402
 # PlanetConfig fields settable from the command line, with their types.
 OVERRIDES = (("train_episodes", int), ("train_steps", int), ("transition_prior", str),
              ("transition_stddev_ratio", float), ("weight_kl_weight", float),
+             ("weight_kl_warmup_rounds", int),
              ("reward_scale", float), ("collect_rule", str))
 
 

@@ -107,7 +107,8 @@ class Agent:
   def loss(self, params, batch: dict[str, Array], key: Array, inverse_decisions: Array):
     """The per-decision negative ELBO of a batch and its terms.
 
-    ``inverse_decisions`` is ``1 / D``, traced, so the step compiles once as the buffer grows.
+    ``inverse_decisions`` is ``1 / D`` (times the KL weight's warm-up factor), traced, so the
+    step compiles once as the buffer grows.
     """
     c = self.config
     key_noise, key_weights = jax.random.split(key)

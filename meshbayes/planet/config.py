@@ -46,6 +46,9 @@ class PlanetConfig:
       units of ``pendulum.REWARD_UNIT`` (at most 1 per step, as in PlaNet's tasks), so 10 is
       PlaNet's weight.
     weight_kl_weight: the weights' KL enters as ``weight_kl_weight * KL / transitions``.
+    weight_kl_warmup_rounds: the KL's weight rises linearly over this many training
+      rounds, ``min(1, round / weight_kl_warmup_rounds)`` times ``weight_kl_weight`` in
+      round ``1, 2, ...`` (0: the full weight from the first round).
     transition_prior: the Bayesian transition's weight prior: N(0, 1)
       (``standard_normal``) or N(0, 1 / fan_in) (``fan_in_scaled``, chosen on the pilot's
       validation returns: docs/planet.md).
@@ -88,6 +91,7 @@ class PlanetConfig:
   free_nats: float = 1.0
   reward_scale: float = 10.0
   weight_kl_weight: float = 1.0
+  weight_kl_warmup_rounds: int = 0
   transition_prior: str = "fan_in_scaled"
   transition_stddev_ratio: float = 0.1
   learning_rate: float = 1e-3
@@ -120,7 +124,8 @@ class PlanetConfig:
                   "conv_depth", "horizon", "cem_iterations", "cem_candidates", "cem_top_k",
                   "eval_episodes", "open_loop_context", "open_loop_steps", "seed_episodes",
                   "plan_samples", "validation_episodes", "probe_episodes")
-    positive_ints("PlanetConfig", self, "train_episodes", "seed", allow_zero=True)
+    positive_ints("PlanetConfig", self, "train_episodes", "seed", "weight_kl_warmup_rounds",
+                  allow_zero=True)
     positive_numbers("PlanetConfig", self, "free_nats", "weight_kl_weight", "exploration_noise",
                      "reward_scale", allow_zero=True)
     positive_numbers("PlanetConfig", self, "min_std", "learning_rate", "grad_clip",
@@ -146,6 +151,16 @@ class PlanetConfig:
   def decisions(self) -> int:
     """Agent decisions per episode."""
     return self.episode_steps // self.action_repeat
+
+  def weight_kl_factor(self, round_index: int) -> float:
+    """The KL weight's warm-up factor in training round ``round_index`` (0-based).
+
+    >>> PlanetConfig(weight_kl_warmup_rounds=4).weight_kl_factor(1)
+    0.5
+    """
+    if not self.weight_kl_warmup_rounds:
+      return 1.0
+    return min(1.0, (round_index + 1) / self.weight_kl_warmup_rounds)
 
   @property
   def bayesian(self) -> bool:

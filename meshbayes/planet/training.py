@@ -79,7 +79,8 @@ def train(config: PlanetConfig, agent: Agent | None = None,
       compiled = agent.compile_seconds
       tic = time.perf_counter()
       params, opt_state, metrics = _blocked(agent.train_step(
-          params, opt_state, batch, jax.random.fold_in(key_train, step), 1.0 / buffer.decisions))
+          params, opt_state, batch, jax.random.fold_in(key_train, step),
+          config.weight_kl_factor(round_index) / buffer.decisions))
       if agent.compile_seconds == compiled:  # not the call that compiled
         timing["train_seconds"] += time.perf_counter() - tic
         timing["train_steps_timed"] += 1

@@ -150,3 +150,20 @@ def test_equivalence_power_matches_simulated_intervals():
   exact = report.inferiority_power(sd, seeds, true_difference=-250.0)
   assert 0.3 < exact < 0.95
   assert abs(simulated - exact) < 4 * np.sqrt(exact * (1 - exact) / trials)
+
+
+def test_the_weight_kl_warms_up_over_rounds():
+  config = dataclasses.replace(BAYESIAN, train_episodes=3, weight_kl_warmup_rounds=2,
+                               weight_kl_weight=0.5, seed=4)
+  assert [config.weight_kl_factor(r) for r in range(3)] == [0.5, 1.0, 1.0]
+  curve = train(config)["curve"]
+  for round_index in range(3):
+    entry = TOY.seed_episodes + round_index  # the episode collected after the round
+    decisions = (TOY.seed_episodes + round_index) * TOY.decisions  # D during the round
+    data = (curve["image_nll"][entry] + TOY.reward_scale * curve["reward_nll"][entry]
+            + curve["latent_term"][entry])
+    kl_term = curve["loss"][entry] - data
+    want = 0.5 * config.weight_kl_factor(round_index) * curve["weight_kl"][entry] / decisions
+    assert kl_term == pytest.approx(want, rel=1e-3), round_index
+  with pytest.raises(ValueError, match="weight_kl_warmup_rounds=-1"):
+    dataclasses.replace(TOY, weight_kl_warmup_rounds=-1)
