@@ -9,7 +9,7 @@ run resumes); after every seed ``OUT/ablation.json`` holds the summary so far. W
 seed (bit for bit: ``ablation.identical_to_published``).
 
 Run: ``python -m meshbayes.tools.planet_ablation --seeds=7 --out=runs/planet_ablation``
-(``make planet-ablation``: about 3.5 hours on 2 cores).
+(``make planet-ablation``: about 3.3 hours on 2 cores).
 """
 
 from __future__ import annotations
