@@ -12,7 +12,12 @@ import meshbayes.models.configurables  # noqa: F401
 import meshbayes.partitioning.configurables  # noqa: F401
 from meshbayes import data, evaluation
 from meshbayes.evaluation import inference
+from meshbayes.runtime import gin_preflight
 from meshbayes.training import optimizers, run_configs, trainer
+
+# Every gin parse after this import, not only the launcher's: a runs/ output folder on
+# sys.path must not stop gin from finding runs/train.gin.
+gin_preflight.safe_existence_checks()
 
 gin.external_configurable(trainer.train, name="train")
 gin.external_configurable(evaluation.evaluate, name="evaluate")
