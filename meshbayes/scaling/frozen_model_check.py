@@ -1,11 +1,12 @@
-"""The frozen GPU step-time model against the steps measured on an H200, on deviceless compiles.
+"""A frozen GPU step-time model against the steps measured on an H200, on deviceless compiles.
 
-``check`` builds the code that was measured (``measured_steps.MEASURED_COMMIT``,
-from a git checkout's history, installed without dependencies into a temporary
-folder), compiles each measured step for an H200 without a GPU (the script
-``tools/deviceless_compile.py`` run under that code) and sets
-``roofline.FROZEN_GPU_MODEL``'s prediction from each program against the
-measured seconds. Needs JAX's CUDA plugin (the ``gpu-aot`` extra) and git.
+``check`` builds the code that was measured (each step's commit, or one given, from a
+git checkout's history, installed without dependencies into a temporary folder),
+compiles each measured step for an H200 without a GPU (the script
+``tools/deviceless_compile.py`` run under that code) and sets a frozen model's
+prediction (``roofline.FROZEN_GPU_MODEL``, v1, unless another is given) from each
+program against the measured seconds. Needs JAX's CUDA plugin (the ``gpu-aot`` extra)
+and git.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from meshbayes.scaling import hlo_profile, roofline, targets
+from meshbayes.scaling import fused_attention, roofline, targets
 from meshbayes.scaling.measured_steps import MeasuredStep
 
 
@@ -59,12 +60,13 @@ def compile_step(step: MeasuredStep, site: Path | None, hlo_path: Path,
   return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def predict(step: MeasuredStep, hlo_text: str) -> dict[str, Any]:
-  """The frozen model's (and the bare roofline's) seconds for one program against the measured."""
-  record = hlo_profile.program_record(
+def predict(step: MeasuredStep, hlo_text: str,
+            model: roofline.GpuStepModel = roofline.FROZEN_GPU_MODEL) -> dict[str, Any]:
+  """A frozen model's (and the bare roofline's) seconds for one program against the measured."""
+  record = fused_attention.program_record(
       hlo_text, "h200", batch_size=step.batch_size, input_length=step.length,
       target_length=step.length, model_flops_per_device=step.traced_matmul_flops)
-  frozen = roofline.predict(record)
+  frozen = roofline.predict(record, gpu_model=model)
   bare = roofline.predict(record, gpu_model=None)
   operations = record["operations_per_device"]
   return {"name": step.name, "measured_seconds": step.seconds,
@@ -73,6 +75,7 @@ def predict(step: MeasuredStep, hlo_text: str) -> dict[str, Any]:
           "roofline_seconds": bare.step_seconds,
           "matmul_seconds": frozen.compute_seconds, "memory_seconds": frozen.memory_seconds,
           "kernel_seconds": frozen.kernel_seconds,
+          "attention_seconds": frozen.attention_seconds,
           "kernels": sum(entry["executed"] for entry in operations.values()),
           "hbm_bytes": sum(entry["bytes"] for entry in operations.values()),
           "matmul_flops": record["flops_per_device"]}
@@ -91,26 +94,28 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
   return "\n".join(lines) + "\n"
 
 
-def check(steps: Sequence[MeasuredStep], commit: str, repository: Path, script: Path, *,
-          hlo_dir: Path | None = None, triton_gemm: bool = False, tolerance: float = 0.10
-          ) -> dict[str, Any]:
-  """The frozen model's predictions for ``steps`` compiled under ``commit`` of
-  ``repository``, each against its measured seconds; ``ok`` when every one is within
-  ``tolerance``. The programs are kept in ``hlo_dir`` (``NAME.hlo.txt.gz``) when given;
-  ``triton_gemm`` leaves XLA's deviceless default (Triton for every matmul)."""
+def check(steps: Sequence[MeasuredStep], commit: str | None, repository: Path, script: Path, *,
+          hlo_dir: Path | None = None, triton_gemm: bool = False, tolerance: float = 0.10,
+          model: roofline.GpuStepModel = roofline.FROZEN_GPU_MODEL) -> dict[str, Any]:
+  """``model``'s predictions for ``steps`` compiled under ``commit`` of ``repository``
+  (None: each step's own ``commit``), each against its measured seconds; ``ok`` when every
+  one is within ``tolerance``. The programs are kept in ``hlo_dir`` (``NAME.hlo.txt.gz``)
+  when given; ``triton_gemm`` leaves XLA's deviceless default (Triton for every matmul)."""
   options = {} if triton_gemm else dict(targets.GPU_COMPILER_OPTIONS)
-  rows, memory = [], {}
+  rows, memory, sites = [], {}, {}
   with tempfile.TemporaryDirectory(prefix="gpu_model_check-") as work:
-    site = install_commit(commit, repository, Path(work))
     hlo_dir = Path(hlo_dir or work)
     hlo_dir.mkdir(parents=True, exist_ok=True)
     for step in steps:
+      code = commit or step.commit
+      if code not in sites:
+        sites[code] = install_commit(code, repository, Path(work) / code)
       path = hlo_dir / f"{step.name}.hlo.txt.gz"
-      memory[step.name] = compile_step(step, site, path, options, script)
-      rows.append(predict(step, gzip.decompress(path.read_bytes()).decode()))
+      memory[step.name] = compile_step(step, sites[code], path, options, script)
+      rows.append(predict(step, gzip.decompress(path.read_bytes()).decode(), model))
       print(f"{step.name}: predicted {rows[-1]['predicted_seconds']:.4f} s, measured "
             f"{step.seconds:.4f} s ({rows[-1]['error']:+.1%})", flush=True)
-  return {"commit": commit, "compiler_options": options,
-          "model": dataclasses.asdict(roofline.FROZEN_GPU_MODEL), "tolerance": tolerance,
+  return {"commit": commit or sorted(sites), "compiler_options": options,
+          "model": dataclasses.asdict(model), "tolerance": tolerance,
           "steps": rows, "memory": memory,
           "ok": all(abs(r["error"]) <= tolerance for r in rows)}

@@ -1,9 +1,11 @@
-"""Train steps measured on one NVIDIA H200, which fix and check the frozen GPU step-time model.
+"""Train steps measured on one NVIDIA H200, which fix and check the frozen GPU step-time models.
 
-Shared measurement ``h200-2026-11`` (2026-11-26): the fastest timed round of the trainer's
-step at commit ``MEASURED_COMMIT``, JAX 0.11.2 (CUDA 13), as ``MeasuredStep.spec_fields``
-sets it up. ``roofline.FROZEN_GPU_MODEL`` was fitted on ``base_det_none`` and
-``paper_det_full``; ``tools/gpu_model_check.py`` checks its predictions against these.
+``H200_STEPS``: shared measurement ``h200-2026-11`` (2026-11-26), the fastest timed round
+of the trainer's step at commit ``MEASURED_COMMIT``, JAX 0.11.2 (CUDA 13), as
+``MeasuredStep.spec_fields`` sets it up. ``roofline.FROZEN_GPU_MODEL`` was fitted on
+``base_det_none`` and ``paper_det_full``; ``tools/gpu_model_check.py`` checks its
+predictions against these. ``H200_GPU_SHAPE_STEPS``: steps of the GPU shape measured later
+with ``tools/gpu_check.py``, each at its own commit. All are ``MEASURED_H200_STEPS``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ class MeasuredStep:
     remat: the ``remat_policy``.
     seconds: the fastest measured step.
     traced_matmul_flops: the step's matmul FLOPs as traced (recompute included).
+    overrides: further ``TransformerConfig`` fields it was measured with.
+    commit: the project's code that was measured.
   """
 
   name: str
@@ -36,6 +40,8 @@ class MeasuredStep:
   remat: str
   seconds: float
   traced_matmul_flops: float
+  overrides: tuple[tuple[str, object], ...] = ()
+  commit: str = MEASURED_COMMIT
 
   def spec_fields(self) -> dict:
     """``scaling.aot.StepSpec`` fields of the step as it was measured."""
@@ -43,7 +49,8 @@ class MeasuredStep:
             "batch_size": self.batch_size, "input_length": self.length,
             "target_length": self.length, "model_parallel": 1, "partitioning": "data_only",
             "num_train_units": 1e6,
-            "overrides": (("dtype", "bfloat16"), ("remat_policy", self.remat))}
+            "overrides": (("dtype", "bfloat16"), ("remat_policy", self.remat),
+                          *self.overrides)}
 
 
 H200_STEPS = (
@@ -54,3 +61,12 @@ H200_STEPS = (
     # Measured alone (the Bayesian step beside it ran out of memory); not used in the fit.
     MeasuredStep("paper_det_none", "paper", True, 8, 256, "none", 0.1642, 3.6893e13),
 )
+
+# tools/gpu_check.py --presets=paper_gpu --kinds=deterministic on a lent H200 on 2026-11-27
+# (JAX 0.11.2, fastest of 3 rounds; docs/results/2026-11-27-gpu.md): layers unrolled, XLA
+# attention with attention-weight dropout 0.1, no fused attention.
+H200_GPU_SHAPE_STEPS = (
+    MeasuredStep("paper_det_unrolled_16", "paper", True, 16, 256, "none", 0.2091, 7.3785e13,
+                 overrides=(("scan_layers", False),), commit="b53958b"),
+)
+MEASURED_H200_STEPS = H200_STEPS + H200_GPU_SHAPE_STEPS

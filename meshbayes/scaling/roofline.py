@@ -3,8 +3,10 @@
 ``predict`` turns a scaling-study record (``aot.compile_step``, richer where
 ``hlo_profile`` read its HLO) into compute, HBM and communication seconds at
 ``HARDWARE``'s published rates, the step time (``overlap="max"``: collectives hidden;
-``"sum"``: not), throughput and MFU; on GPUs the local time is ``FROZEN_GPU_MODEL``'s.
-docs/performance.md states the model, its assumptions and its sources.
+``"sum"``: not), throughput and MFU; on GPUs the local time is a frozen step-time
+model's: ``FROZEN_GPU_MODEL`` (v1, the default) or ``FROZEN_GPU_MODEL_V2`` (cuDNN's fused
+attention at its measured rate, provisional). docs/performance.md states the models, their
+assumptions and their sources.
 """
 
 from __future__ import annotations
@@ -148,20 +150,71 @@ HARDWARE: dict[str, Hardware] = {
 
 
 @dataclasses.dataclass(frozen=True)
+class AttentionRate:
+  """cuDNN's fused attention measured alone: one call's forward and backward at one shape.
+
+  Attributes:
+    head_width: features per head.
+    batch: sequences.
+    heads: attention heads.
+    length: queries and keys per sequence.
+    seconds: the measured forward and backward of one call.
+    generation: the GPU it was measured on (``HARDWARE``'s key).
+  """
+
+  head_width: int
+  batch: int
+  heads: int
+  length: int
+  seconds: float
+  generation: str = "h200"
+
+  def __post_init__(self):
+    positive_ints("AttentionRate", self, "head_width", "batch", "heads", "length")
+    if isinstance(self.seconds, bool) or not isinstance(self.seconds, (int, float)) \
+        or not 0 < self.seconds < math.inf:
+      raise ValueError(f"AttentionRate: seconds={self.seconds!r} must be a positive finite "
+                       "number")
+    if self.generation not in HARDWARE:
+      raise ValueError(f"AttentionRate: generation={self.generation!r} is not one of "
+                       f"{', '.join(HARDWARE)}")
+
+  @property
+  def flops(self) -> float:
+    """The call's matmul FLOPs as ``hlo`` counts a fused attention's: two forward matmuls
+    and five backward of ``2 x batch x heads x length x length x head_width`` each (no
+    discount for a causal mask)."""
+    return 7 * 2.0 * self.batch * self.heads * self.length ** 2 * self.head_width
+
+  @property
+  def fraction_of_peak(self) -> float:
+    """The measured FLOP/s over the dense bf16 peak of the GPU it ran on."""
+    return self.flops / self.seconds / HARDWARE[self.generation].peak_flops_per_device
+
+
+@dataclasses.dataclass(frozen=True)
 class GpuStepModel:
   """A GPU step's local seconds: ``matmul FLOPs / (matmul_fraction_of_peak x peak) + other
   operations' bytes / HBM bandwidth + kernels x seconds_per_kernel``.
+
+  With ``fused_attention`` rates, cuDNN's fused-attention calls (a record's
+  ``fused_attention_per_device``, ``scaling.fused_attention.census``) leave the matmul and
+  kernel terms and take each call's FLOPs at ``attention_fraction_of_peak`` of the peak
+  for its head width instead.
 
   Attributes:
     matmul_fraction_of_peak: the share of the dense bf16 peak the matmuls reach.
     seconds_per_kernel: what each kernel costs beyond its FLOPs and bytes (launch, tail,
       kernels too small to fill the GPU).
     source: where the constants come from.
+    fused_attention: the fused attention's measured rates, distinct head widths in
+      increasing order; none (v1): it is charged as any matmul.
   """
 
   matmul_fraction_of_peak: float
   seconds_per_kernel: float
   source: str
+  fused_attention: tuple[AttentionRate, ...] = ()
 
   def __post_init__(self):
     if not 0 < self.matmul_fraction_of_peak <= 1:
@@ -172,6 +225,33 @@ class GpuStepModel:
                        ">= 0")
     if not isinstance(self.source, str) or not self.source.strip():
       raise ValueError("GpuStepModel: source must cite where the constants come from")
+    widths = [rate.head_width for rate in self.fused_attention]
+    if widths != sorted(set(widths)):
+      raise ValueError(f"GpuStepModel: fused_attention head widths {widths} must be distinct "
+                       "and in increasing order")
+
+  def attention_fraction_of_peak(self, head_width: int) -> float:
+    """The share of the peak a fused-attention call of ``head_width`` reaches.
+
+    The rule: the measured rate of that head width; between two measured widths, the
+    rate interpolated linearly in head width; below the narrowest or above the widest,
+    the nearest measured rate. Batch, heads and length do not move it (not measured).
+
+    >>> [round(FROZEN_GPU_MODEL_V2.attention_fraction_of_peak(w), 4) for w in (32, 64, 96, 128)]
+    [0.0504, 0.0504, 0.0877, 0.125]
+    """
+    if not self.fused_attention:
+      raise ValueError("GpuStepModel: this model has no fused_attention rates (v1 charges "
+                       "fused attention as any matmul)")
+    positive_int("GpuStepModel", "head_width", head_width)
+    rates = self.fused_attention
+    if head_width <= rates[0].head_width:
+      return rates[0].fraction_of_peak
+    if head_width >= rates[-1].head_width:
+      return rates[-1].fraction_of_peak
+    low, high = next((a, b) for a, b in zip(rates, rates[1:]) if head_width <= b.head_width)
+    share = (head_width - low.head_width) / (high.head_width - low.head_width)
+    return low.fraction_of_peak + share * (high.fraction_of_peak - low.fraction_of_peak)
 
 
 # Frozen: later GPU goals are judged by these constants; change them only with a new
@@ -184,6 +264,33 @@ FROZEN_GPU_MODEL = GpuStepModel(
            "with matmul FLOPs, HBM bytes and kernels read from their optimized HLO; it predicted "
            "the two Bayesian steps within 2.5% and deviceless compiles of the same code within "
            "5.3% (docs/performance.md)")
+
+# v2: v1's constants, and cuDNN's fused attention (``__cudnn$fmha*``, forward and backward)
+# at the rate measured alone on the H200. Provisional until a measured gpu.gin step with
+# fused attention is within 10% of it (tools/gpu_check.py --plan=v2 measures one first);
+# no measured step so far has a fused-attention call, so on every one of them v2 is v1.
+FROZEN_GPU_MODEL_V2 = GpuStepModel(
+    matmul_fraction_of_peak=0.475, seconds_per_kernel=2.0e-6,
+    fused_attention=(AttentionRate(head_width=64, batch=32, heads=12, length=256,
+                                   seconds=0.452e-3),
+                     AttentionRate(head_width=128, batch=8, heads=128, length=256,
+                                   seconds=0.973e-3)),
+    source="v1's matmul and kernel constants; cuDNN's fused attention (causal, relative-position "
+           "bias, bf16, no dropout), forward and backward of one call, measured alone on one "
+           "NVIDIA H200 on 2026-11-27 (JAX 0.11.2; docs/results/2026-11-27-gpu.md, 'Attention "
+           "alone'): 0.452 ms at base's 32 x 256, 12 heads of 64, and 0.973 ms at paper's "
+           "8 x 256, 128 heads of 128; provisional until a measured gpu.gin step with fused "
+           "attention is within 10%")
+
+# The frozen models by the names tables and tools give them.
+GPU_MODELS = {"v1": FROZEN_GPU_MODEL, "v2": FROZEN_GPU_MODEL_V2}
+
+
+def gpu_model(name: str) -> GpuStepModel:
+  """The frozen GPU model of a name (``v1``, ``v2``), with one clear error for another."""
+  if name not in GPU_MODELS:
+    raise ValueError(f"roofline: gpu model {name!r} is not one of {', '.join(GPU_MODELS)}")
+  return GPU_MODELS[name]
 
 
 def hardware(generation: str) -> Hardware:
@@ -288,6 +395,8 @@ class Prediction:
       (``data``, ``model``, ``data+model``; ``unknown`` where not known).
     step_seconds: the combination that ``overlap`` names.
     kernel_seconds: on GPUs, the frozen model's cost of the kernels (else None).
+    attention_seconds: with a model that charges fused attention at its own rate (v2),
+      the fused-attention calls' share of ``compute_seconds`` (else None).
     tokens_per_second: encoder and decoder tokens of the global batch per second.
     tflops_per_second: model FLOP/s of the whole slice, in units of 1e12.
     mfu: model FLOPs per device over (step time x peak per device).
@@ -306,6 +415,7 @@ class Prediction:
   mfu: float
   communication_model: str
   kernel_seconds: float | None = None
+  attention_seconds: float | None = None
 
   def as_dict(self) -> dict[str, Any]:
     return dataclasses.asdict(self)
@@ -352,11 +462,14 @@ def predict(record: Mapping[str, Any], hardware_spec: Hardware | None = None,
     record: a scaling-study record that compiled (``flops_per_device`` set).
     hardware_spec: the chip; default ``HARDWARE[record["generation"]]``.
     overlap: ``max`` or ``sum`` (see the module docstring).
-    gpu_model: on a GPU, the model of its local time (None: the bare roofline).
+    gpu_model: on a GPU, the model of its local time (default v1; None: the bare
+      roofline). A model with ``fused_attention`` rates (v2) reads the record's
+      ``fused_attention_per_device``.
 
   Raises:
     ValueError: an unknown overlap or generation, a record that did not compile, or a
-      GPU model asked of a record without ``operations_per_device``.
+      GPU model asked of a record without ``operations_per_device`` (v2: without
+      ``fused_attention_per_device``).
 
   >>> record = {"generation": "v2", "cores": 8, "flops_per_device": 22.5e12,
   ...           "model_flops_per_device": 22.5e12, "batch_size": 8, "input_length": 256,
@@ -374,14 +487,17 @@ def predict(record: Mapping[str, Any], hardware_spec: Hardware | None = None,
   hw = hardware_spec if hardware_spec is not None else hardware(record.get("generation"))
   bandwidth = hw.hbm_bytes_per_second_per_device
   profile = record.get("hbm_bytes_per_device")
-  kernel_seconds = None
+  kernel_seconds = attention_seconds = None
   if hw.is_gpu and gpu_model is not None:
     operations = _operations(record)
-    compute = flops / (gpu_model.matmul_fraction_of_peak * hw.peak_flops_per_device)
+    attention = _fused_attention(record, gpu_model, hw)
+    compute = (flops - attention.flops) / (
+        gpu_model.matmul_fraction_of_peak * hw.peak_flops_per_device) + attention.seconds
     memory = sum(entry["bytes"] for kind, entry in operations.items() if kind != "matmul") \
         / bandwidth
-    kernel_seconds = gpu_model.seconds_per_kernel * sum(
-        entry["executed"] for entry in operations.values())
+    kernel_seconds = gpu_model.seconds_per_kernel * (
+        sum(entry["executed"] for entry in operations.values()) - attention.calls)
+    attention_seconds = attention.seconds if gpu_model.fused_attention else None
   else:
     compute = flops / hw.peak_flops_per_device
     memory = None
@@ -400,14 +516,16 @@ def predict(record: Mapping[str, Any], hardware_spec: Hardware | None = None,
       tokens_per_second=tokens / step,
       tflops_per_second=model_flops * record["cores"] / step / 1e12,
       mfu=model_flops / (step * hw.peak_flops_per_device), communication_model=model,
-      kernel_seconds=kernel_seconds)
+      kernel_seconds=kernel_seconds, attention_seconds=attention_seconds)
 
 
-def predictions(record: Mapping[str, Any]) -> dict[str, dict[str, Any]] | None:
+def predictions(record: Mapping[str, Any], gpu_model: GpuStepModel | None = FROZEN_GPU_MODEL
+                ) -> dict[str, dict[str, Any]] | None:
   """Both overlaps for the record's own generation, as JSON; None when there is none to make."""
   if not record.get("flops_per_device") or record.get("generation") not in HARDWARE:
     return None
-  return {overlap: predict(record, overlap=overlap).as_dict() for overlap in OVERLAPS}
+  return {overlap: predict(record, overlap=overlap, gpu_model=gpu_model).as_dict()
+          for overlap in OVERLAPS}
 
 
 def _operations(record: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -418,6 +536,32 @@ def _operations(record: Mapping[str, Any]) -> Mapping[str, Any]:
   return operations
 
 
+@dataclasses.dataclass(frozen=True)
+class _Attention:
+  flops: float = 0.0
+  seconds: float = 0.0
+  calls: float = 0.0
+
+
+def _fused_attention(record: Mapping[str, Any], gpu_model: GpuStepModel, hw: Hardware
+                     ) -> _Attention:
+  """The fused-attention calls' FLOPs, seconds at the model's rates and count, per step;
+  nothing for a model without rates (v1 charges them as any matmul)."""
+  if not gpu_model.fused_attention:
+    return _Attention()
+  calls = record.get("fused_attention_per_device")
+  if calls is None:
+    raise ValueError(f"roofline: record for target {record.get('target')!r} has no "
+                     "fused_attention_per_device, which a model with fused_attention rates "
+                     "(v2) charges (scaling.fused_attention.census reads it from the HLO)")
+  return _Attention(
+      flops=sum(c["executed"] * c["flops"] for c in calls),
+      seconds=sum(c["executed"] * c["flops"] / (
+          gpu_model.attention_fraction_of_peak(c["head_width"]) * hw.peak_flops_per_device)
+          for c in calls),
+      calls=sum(c["executed"] for c in calls))
+
+
 def seconds_by_kind(record: Mapping[str, Any], hardware_spec: Hardware | None = None,
                     gpu_model: GpuStepModel | None = FROZEN_GPU_MODEL) -> dict[str, float]:
   """A profiled record's predicted compute and HBM time split by ``hlo_profile.WORK_KINDS``.
@@ -425,17 +569,20 @@ def seconds_by_kind(record: Mapping[str, Any], hardware_spec: Hardware | None = 
   The bare roofline: the matmuls take their FLOPs at peak or their bytes at HBM
   bandwidth, whichever is longer; every other kind its bytes at HBM bandwidth
   (collectives: their HBM reads and writes, not the link time). On a GPU with
-  ``gpu_model``: the matmuls their FLOPs at the model's share of the peak, every
-  other kind its bytes, and each kind its kernels' cost. The kinds add up to
-  ``predict``'s local time (compute, memory and kernels).
+  ``gpu_model``: the matmuls their FLOPs at the model's share of the peak (v2: the
+  fused-attention calls at their own rate, in ``matmul``), every other kind its bytes,
+  and each kind its kernels' cost. The kinds add up to ``predict``'s local time
+  (compute, memory and kernels).
   """
   hw = hardware_spec if hardware_spec is not None else hardware(record.get("generation"))
   operations = _operations(record)
   bandwidth = hw.hbm_bytes_per_second_per_device
   seconds = {kind: entry["bytes"] / bandwidth for kind, entry in operations.items()}
   if hw.is_gpu and gpu_model is not None:
-    seconds["matmul"] = record["flops_per_device"] / (
-        gpu_model.matmul_fraction_of_peak * hw.peak_flops_per_device)
+    attention = _fused_attention(record, gpu_model, hw)
+    seconds["matmul"] = (record["flops_per_device"] - attention.flops) / (
+        gpu_model.matmul_fraction_of_peak * hw.peak_flops_per_device) + attention.seconds \
+        - gpu_model.seconds_per_kernel * attention.calls
     return {kind: value + gpu_model.seconds_per_kernel * operations[kind]["executed"]
             for kind, value in seconds.items()}
   seconds["matmul"] = max(record["flops_per_device"] / hw.peak_flops_per_device,
