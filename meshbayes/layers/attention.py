@@ -72,6 +72,7 @@ class _Attention(nn.Module):
     prior: prior of every Bayesian weight (default N(0, 1)).
     one_sample_per_example: Flipout only: each example sees one weight sample
       at all its positions (see ``DenseGeneralFlipout``).
+    noise_dtype: the projections' ``noise_dtype`` (None: float32; see ``Dense``).
   """
 
   num_heads: int
@@ -100,6 +101,7 @@ class _Attention(nn.Module):
   bayesian_bias: bool = False
   prior: Prior = NormalPrior()
   one_sample_per_example: bool = False
+  noise_dtype: Any = None
 
   estimator: ClassVar[str]
 
@@ -147,7 +149,7 @@ class _Attention(nn.Module):
         precision=self.precision, use_bias=self.use_bias,
         kernel_stddev_init=self.kernel_stddev_init, bias_stddev_init=self.bias_stddev_init,
         bayesian_bias=self.bayesian_bias, prior=self.prior,
-        one_sample_per_example=self.one_sample_per_example)
+        one_sample_per_example=self.one_sample_per_example, noise_dtype=self.noise_dtype)
     qkv_axes = self.qkv_kernel_axes
     projection = functools.partial(
         dense, features=(self.num_heads, head_dim), axis=-1, kernel_init=self.kernel_init,

@@ -98,6 +98,10 @@ class _Linear(nn.Module):
       all its positions, as ``sample_weights`` gives at prediction; False draws
       them per position. Reparameterization always shares one sample; local
       reparameterization samples per position by construction and refuses it.
+    noise_dtype: dtype of the activation-sized noise work (None: as written, float32):
+      local reparameterization's variance, its square root and noise, Flipout's
+      weight perturbation; the compute dtype (``'bfloat16'``) halves their bytes
+      (``estimators``). Reparameterization draws weight-sized noise only: unaffected.
   """
 
   features: int | Sequence[int]
@@ -115,6 +119,7 @@ class _Linear(nn.Module):
   prior: Prior = NormalPrior()
   deterministic: bool | None = None
   one_sample_per_example: bool = False
+  noise_dtype: Any = None
 
   estimator: ClassVar[str | None]
 
@@ -188,6 +193,8 @@ class _Linear(nn.Module):
       if per_example:  # batch axis 0, then the positions, in inputs and outputs alike
         estimator = functools.partial(
             estimator, shared_axes=tuple(range(1, inputs.ndim - len(axis))))
+      if self.noise_dtype is not None and self.estimator != "reparameterization":
+        estimator = functools.partial(estimator, noise_dtype=jnp.dtype(self.noise_dtype))
       outputs = estimator(self.make_rng("sample"), contract, inputs, kernel, bias,
                           constrain_like(kernel_box))
     if deterministic_bias is not None:

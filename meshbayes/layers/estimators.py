@@ -175,7 +175,7 @@ def reparameterization(key: Array, contract: Contract, inputs: Array, kernel: No
 
 def flipout(key: Array, contract: Contract, inputs: Array, kernel: Normal,
             bias: Normal | None = None, constrain_kernel: Constrain = _identity,
-            shared_axes: Sequence[int] = ()) -> Array:
+            shared_axes: Sequence[int] = (), noise_dtype: Any = None) -> Array:
   """Flipout: ``x @ loc + ((x * s) @ (stddev * eps) + bias noise) * r``.
 
   ``eps`` (and the bias noise) is drawn once per call; ``s`` (input-shaped)
@@ -193,6 +193,9 @@ def flipout(key: Array, contract: Contract, inputs: Array, kernel: Normal,
     constrain_kernel: sharding constraint for kernel-shaped arrays.
     shared_axes: non-negative axes of the inputs and outputs along which the
       signs are shared (``conv_flipout``'s spatial axes).
+    noise_dtype: dtype of the weight perturbation ``stddev * eps`` (None: the
+      posterior's, float32); ``eps`` is drawn in the posterior's dtype either way, so
+      only rounding differs.
 
   Returns:
     The perturbed outputs.
@@ -202,7 +205,9 @@ def flipout(key: Array, contract: Contract, inputs: Array, kernel: Normal,
   sign_shape = lambda shape: tuple(1 if a in shared_axes else n for a, n in enumerate(shape))
   eps = constrain_kernel(standard_normal(key_eps, kernel.loc.shape, kernel.loc.dtype))
   sign_in = rademacher(key_in, sign_shape(inputs.shape), dtype)
-  perturbation = contract(inputs * sign_in, (kernel.stddev * eps).astype(dtype))
+  noise_dtype = noise_dtype or kernel.loc.dtype
+  weight_noise = kernel.stddev.astype(noise_dtype) * eps.astype(noise_dtype)
+  perturbation = contract(inputs * sign_in, weight_noise.astype(dtype))
   if bias is not None:
     perturbation = perturbation + (bias.sample(key_bias) - bias.loc).astype(dtype)
   sign_out = rademacher(key_out, sign_shape(perturbation.shape), dtype)
@@ -233,7 +238,8 @@ def _safe_sqrt(x: Array) -> Array:
 
 def local_reparameterization(key: Array, contract: Contract, inputs: Array, kernel: Normal,
                              bias: Normal | None = None,
-                             constrain_kernel: Constrain = _identity) -> Array:
+                             constrain_kernel: Constrain = _identity,
+                             noise_dtype: Any = None) -> Array:
   """Local reparameterization: sample each pre-activation from its Gaussian.
 
   ``mean = x @ loc + bias.loc``, ``variance = (x * x) @ stddev^2 + bias.stddev^2``,
@@ -248,20 +254,25 @@ def local_reparameterization(key: Array, contract: Contract, inputs: Array, kern
     bias: a Bayesian bias's posterior, or None.
     constrain_kernel: unused (no kernel-shaped noise is drawn); accepted so
       all estimators share one signature.
+    noise_dtype: dtype of the variance path (the variance matmul's output, its
+      square root, the noise and the sum with the mean): None is float32; the
+      compute dtype (bfloat16) halves that activation-sized work's bytes. ``z`` is
+      drawn in float32 either way, so only rounding differs.
 
   Returns:
     The sampled outputs, in ``inputs.dtype``.
   """
   del constrain_kernel
-  dtype = inputs.dtype
+  dtype, noise_dtype = inputs.dtype, noise_dtype or jnp.float32
   mean = posterior_mean(contract, inputs, kernel, bias)
   variance = contract(jnp.square(inputs), jnp.square(kernel.stddev).astype(dtype),
-                      preferred_element_type=jnp.float32)
+                      preferred_element_type=noise_dtype)
   if bias is not None:
-    variance = variance + jnp.square(bias.stddev).astype(jnp.float32)
+    variance = variance + jnp.square(bias.stddev).astype(noise_dtype)
   variance = checkpoint_name(variance, VARIANCE_NAME)
-  noise = _safe_sqrt(variance) * standard_normal(key, variance.shape, jnp.float32)
-  return (mean.astype(jnp.float32) + noise).astype(dtype)
+  noise = _safe_sqrt(variance) * standard_normal(key, variance.shape,
+                                                 jnp.float32).astype(noise_dtype)
+  return (mean.astype(noise_dtype) + noise).astype(dtype)
 
 
 

@@ -16,6 +16,7 @@ from flax import traverse_util
 
 from meshbayes.field_checks import positive_ints, positive_numbers
 from meshbayes.layers.variational import posterior_part
+from meshbayes.training import multi_tensor
 from meshbayes.training.ivon import IVON
 # Re-exported: the trainer, evaluation and tools read IVON runs' meta key from here.
 from meshbayes.training.ivon import IVON_META  # pylint: disable=unused-import
@@ -169,7 +170,8 @@ class Optimizer:
     # One flat chain: the core's state keeps its path (opt_state/1/0/mu with clipping).
     parts = [core]
     if self.clip_gradient_norm:
-      parts.insert(0, optax.clip_by_global_norm(self.clip_gradient_norm))
+      # optax's clipping with the norm in a kernel per group of layers, not two per array.
+      parts.insert(0, multi_tensor.clip_by_global_norm(self.clip_gradient_norm))
     if self.scale_lr_multiplier != 1:
       parts.append(optax.masked(optax.scale(self.scale_lr_multiplier), posterior_scale_mask))
     return optax.chain(*parts) if len(parts) > 1 else core

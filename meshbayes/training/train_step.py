@@ -22,6 +22,7 @@ from meshbayes.field_checks import positive_ints
 from meshbayes.models.base import LOSS, BaseModel, per_loss_unit
 from meshbayes.partitioning import Partitioner
 from meshbayes.training import ivon as ivon_lib
+from meshbayes.training import multi_tensor
 from meshbayes.training.ivon import IVON
 from meshbayes.training.optimizers import Optimizer
 from meshbayes.training.posterior_diagnostics import layer_stddevs
@@ -53,16 +54,18 @@ def init_train_state(model: BaseModel, optimizer: optax.GradientTransformation,
 def posterior_stddev_metrics(stddevs: Mapping[str, Array]) -> dict[str, Array]:
   """Mean posterior stddev of the weights in each of ``STDDEV_GROUPS``.
 
+  Each group's sum is one reduction per group of layers (``multi_tensor.grouped_sum``).
+
   Args:
     stddevs: path -> stddevs (``layer_stddevs``, or an IVON posterior's, flattened).
   """
   metrics = {}
   for group, substring in STDDEV_GROUPS.items():
-    leaves = [v for k, v in stddevs.items() if substring in k]
+    leaves = {k: v for k, v in stddevs.items() if substring in k}
     if leaves:
       # A Python float: an int count of a giant model's weights overflows int32 under jit.
-      metrics[f"posterior_stddev/{group}"] = (sum(jnp.sum(v) for v in leaves)
-                                              / float(sum(v.size for v in leaves)))
+      metrics[f"posterior_stddev/{group}"] = (multi_tensor.grouped_sum(lambda x: x, leaves)
+                                              / float(sum(v.size for v in leaves.values())))
   return metrics
 
 
@@ -195,7 +198,8 @@ class StepFunctions:
       grads = jax.tree.map(lambda g: g / statistics.count, statistics.grad)
       updates, opt_state = self.optimizer.update(statistics, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = dict(metrics, gradient_norm=optax.tree.norm(grads),
+    # The clipping's norm, computed the same way: XLA computes it once.
+    metrics = dict(metrics, gradient_norm=multi_tensor.global_norm(grads),
                    learning_rate=self.learning_rate(state.step),
                    **posterior_stddev_metrics(self.posterior_stddevs(params, opt_state)))
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
