@@ -35,27 +35,33 @@ data: $(STAMP)
 # others (meshbayes.evaluation.methods lists them).
 DEMO_DIR := runs/demo
 DEMO_METHODS ?= deterministic,mc_dropout,bayesian
-# `make experiment`: "is being Bayesian worth it" (docs/results/2026-11-28-bayesian-worth-
-# it-design.md): the tuned deterministic model (3 fresh seeds, their ensemble), the
-# Bayesian layers and MAP (3 seeds each), KL weights 1 and 0.3 (one seed each), every run
-# stopped early (cap 6,000 steps) and evaluated at its best checkpoint on all 2,000 test
-# sources, with the verdicts: eleven training runs, two at a time, and twelve
-# evaluations; about 4.5 hours on 2 cores (measured: docs/results/2026-11-29-bayesian-
-# worth-it.md).
-# `python -m meshbayes.tools.experiment --preset=cpu --out=runs/experiment` resumes an
-# interrupted one (this target starts afresh); `--preset=sequence_calibration` is the
-# sequence calibration experiment (every method at 3,000 steps; about 8.6 CPU-hours,
-# measured: docs/results/2026-11-28-sequence-calibration.md); the tuning grids that
-# chose each method's settings are separate commands (docs/uncertainty.md).
-EXPERIMENT_DIR := runs/experiment
+# `make experiment`: "sequence calibration decided on CPU" (docs/results/2026-11-29-
+# sequence-calibration-design.md, fixed before its runs): the deterministic grid past its
+# edge (peak rate 6e-3 and 1.2e-2, and 2.4e-2 if 1.2e-2 wins), then the deterministic
+# model and the Bayesian layers at seeds 200-204 (their ensemble of five), MAP and the
+# noise arms at 200-202, every run capped at 12,000 steps with early stopping and
+# evaluated at its best checkpoint on all 2,000 test sources, the deterministic and
+# Bayesian runs also on 24,000 pool sources; at most 50 CPU-hours, after which nothing
+# new starts (runs/sequence_cpu/not_run.json says what was given up). About 25 hours on
+# 2 cores (estimated: the design's 44-54 CPU-hours, two commands at a time; not measured
+# yet). It resumes where an interrupted call stopped (remove $(EXPERIMENT_DIR) to start
+# afresh). `--preset=cpu` is "is being Bayesian worth it" (docs/results/2026-11-28-
+# bayesian-worth-it-design.md; about 4.5 hours on 2 cores, measured: docs/results/2026-11-
+# 29-bayesian-worth-it.md); `--preset=sequence_calibration` the 3,000-step sequence
+# calibration experiment (about 8.6 CPU-hours, measured: docs/results/2026-11-28-sequence-
+# calibration.md); the tuning grids that chose each method's settings are separate
+# commands (docs/uncertainty.md).
+EXPERIMENT_DIR := runs/sequence_cpu
+EXPERIMENT := $(PY) -m meshbayes.tools.experiment --preset=sequence_cpu --out=$(EXPERIMENT_DIR)
 
 demo: data
 	rm -rf $(DEMO_DIR)
 	$(PY) -m meshbayes.tools.experiment --preset=demo --methods=$(DEMO_METHODS) --out=$(DEMO_DIR)
 
 experiment: data
-	rm -rf $(EXPERIMENT_DIR)
-	$(PY) -m meshbayes.tools.experiment --preset=cpu --out=$(EXPERIMENT_DIR)
+	$(EXPERIMENT) --tune=deterministic --grid=optimizers.LearningRate.base=6e-3,1.2e-2 \
+	  --past_edge=2.4e-2
+	$(EXPERIMENT)
 
 # The trainer on the synthetic reverse task (no data needed): about two minutes.
 demo-synthetic: $(STAMP)

@@ -2,7 +2,8 @@
 ``make demo``): trains the runs, evaluates each method at the end of the budget and at
 its best validation checkpoint, and writes the tables and figures.
 
-  python -m meshbayes.tools.experiment --preset=cpu --out=runs/experiment [--publish=docs/uncertainty] [--jobs=2]
+  python -m meshbayes.tools.experiment --preset=sequence_cpu --out=runs/sequence_cpu
+  python -m meshbayes.tools.experiment --preset=cpu --out=runs/experiment [--publish=docs/uncertainty]
   python -m meshbayes.tools.experiment --preset=demo --out=runs/demo
 
 Methods, on the same data and architecture for the same number of steps
@@ -16,17 +17,22 @@ Methods, on the same data and architecture for the same number of steps
   feed-forward), model average of ``S`` weight samples and posterior mean;
 - ``ivon``: the deterministic Transformer trained by IVON, model average and mean;
 - the Bayesian layers' controls (``--methods``): ``map``, their recipe without weight
-  noise (the same penalty), and ``bayesian_kl1``, ``bayesian_kl0.3``, other KL weights.
+  noise (the same penalty), ``bayesian_kl1``, ``bayesian_kl0.3``, other KL weights, and
+  the noise arms ``noise`` and ``noise_map``, their recipe with each stddev frozen at the
+  Bayesian run of the same seed, without the KL and with MAP's penalty.
 
-The Bayesian layers and IVON are trained with ``seeds`` seeds, the deterministic model
-with the ensemble's; each other seed is evaluated at the end of the budget too, for
+The Bayesian layers and IVON are trained with ``seeds`` seeds (a preset may give each
+method its own), the deterministic model with the ensemble's; each other seed is
+evaluated at the end of the budget too, for
 the seed spread (the report's Student-t intervals over seeds and seed-level tests against
 the deterministic model). Evaluations read the test split's first ``eval_batches``
 batches of 64 pairs, or every test pair (``make experiment``). The best checkpoint of a
 run is the one with the lowest validation NLL of the trainer's periodic evaluation (the
 posterior mean's, for a posterior; each ensemble member its own). Runs and evaluations
 already complete are not redone, so an interrupted experiment resumes where it stopped.
-The report (``meshbayes.experiments.report``) goes to ``OUT/report.md`` with its figures.
+``--preset=sequence_cpu`` also evaluates the deterministic and Bayesian runs on the pool,
+takes the deterministic setting its tuning grid chose in the same ``--out`` (``--tune``
+first) and stops by its CPU-hour budget (docs/experiment.md). The report (``meshbayes.experiments.report``) goes to ``OUT/report.md`` with its figures.
 This is the command line of ``meshbayes.experiments.run``.
 """
 
@@ -71,6 +77,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--trials", type=int,
                       help="--tune trains this many settings of the grid: the first values "
                            "of every knob, then a Latin hypercube over the values")
+  parser.add_argument("--past_edge", metavar="VALUE",
+                      help="--tune over one knob: if the grid chooses its last value (its "
+                           "edge), also train VALUE and choose again")
   parser.add_argument("--jobs", type=int, default=2,
                       help="commands run at once, each in its own process (default 2: a "
                            "2-core machine; each writes OUT/logs/<name>.log)")
@@ -95,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   except ValueError as error:
     parser.error(str(error))
   return execute(Experiment(budget, args.out, runner, args.binding), args.preset, args.tune,
-                 knobs, args.trials, args.reuse, args.publish)
+                 knobs, args.trials, args.reuse, args.publish, args.past_edge)
 
 
 if __name__ == "__main__":

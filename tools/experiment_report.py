@@ -2,7 +2,8 @@
 
   python -m meshbayes.tools.experiment_report runs/experiment   # rewrite the report alone
 
-Writes ``OUT/report.md``, ``OUT/report.json`` and ``OUT/figures/*.png``: the command line of
+Writes ``OUT/report.md``, ``OUT/report.json`` and ``OUT/figures/*.png`` (with the pool's
+evaluations when the experiment has a pool): the command line of
 ``meshbayes.experiments.report``.
 """
 
@@ -13,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from meshbayes.experiments.plan import result_dirs
+from meshbayes.experiments.plan import pool_result_dirs, result_dirs
 from meshbayes.experiments.report import read_budget, write
 
 
@@ -25,7 +26,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     budget = read_budget(args.out)
   except ValueError as error:
     parser.error(str(error))
-  print(write(args.out, budget, result_dirs(budget, args.out)).read_text())
+  pool = pool_result_dirs(budget, args.out) if budget.pool_split else None
+  print(write(args.out, budget, result_dirs(budget, args.out), pool).read_text())
   return 0
 
 

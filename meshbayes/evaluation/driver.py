@@ -7,7 +7,9 @@ method's posterior (``evaluation.methods``), runs the passes (``evaluation.phase
 decoding's optional passes: ``evaluation.decode_passes``) and
 writes ``metrics.json``, reliability diagrams and each predictive's items, one set under its
 manifest replacing the previous set (``evaluation.writer``), and TensorBoard scalars to
-``ReportConfig.output_dir`` (default ``MODEL_DIR/eval/<task>/``).
+``ReportConfig.output_dir`` (default ``MODEL_DIR/eval/<task>/``, or
+``MODEL_DIR/eval/<task>/<split>/`` for a split other than the test and the task's
+evaluation split: ``default_output_dir``).
 """
 
 from __future__ import annotations
@@ -133,7 +135,8 @@ def _results(run: EvalRun, batches: list[dict[str, np.ndarray]], variants: list[
                           data.vocabulary)
   result.update(num_pairs=int((sources.row_source >= 0).sum()), num_sources=len(sources.texts),
                 num_references=sum(map(len, sources.references)))
-  out_dir = epath.Path(settings.report.output_dir or epath.Path(model_dir) / "eval" / data.task)
+  out_dir = epath.Path(settings.report.output_dir or default_output_dir(
+      model_dir, data.task, result["split"], data.eval_split))
   out_dir.mkdir(parents=True, exist_ok=True)
   # What a saved batch of decodes was decoded from: an evaluation resumes only its own.
   fingerprint = {"model_dir": model_dir, "step": result["step"], "task": data.task,
@@ -152,6 +155,19 @@ def _results(run: EvalRun, batches: list[dict[str, np.ndarray]], variants: list[
                                 "report": dataclasses.asdict(settings.report)})
   resumable.remove(out_dir)
   return result
+
+
+def default_output_dir(model_dir: str, task: str, split: str, eval_split: str) -> epath.Path:
+  """Where an evaluation's results go without ``ReportConfig.output_dir``:
+  ``MODEL_DIR/eval/<task>`` for the test split and the task's evaluation split (as
+  always: ``compare_runs`` and the docs read it there), ``MODEL_DIR/eval/<task>/<split>``
+  for any other (the pool's), so that its set never replaces the test split's.
+
+  >>> str(default_output_dir("run", "tatoeba_enfr_20k", "pool_24000", "validation"))
+  'run/eval/tatoeba_enfr_20k/pool_24000'
+  """
+  shared = epath.Path(model_dir) / "eval" / task
+  return shared if split in ("test", eval_split) else shared / split
 
 
 def _teacher_forced(run: EvalRun, batches: list[dict[str, np.ndarray]], num_samples: int

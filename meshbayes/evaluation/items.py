@@ -266,12 +266,21 @@ def paired_differences(items: SourceItems, baseline: SourceItems,
                        num_resamples: int = bootstrap.DEFAULT_RESAMPLES,
                        seed: int = bootstrap.DEFAULT_SEED,
                        num_bins: int = metrics.DEFAULT_NUM_BINS) -> dict[str, bootstrap.Interval]:
-  """``figure(items) - figure(baseline)`` for each figure both have but the null bands,
-  with intervals over the same resampled sources."""
+  """``figure(items) - figure(baseline)`` for each figure both have but the null bands and
+  the test statistics (``*_z``, ``*_p_value``: a difference of two tests' statistics tests
+  nothing), with intervals over the same resampled sources."""
   _check_same_sources(items, baseline)
-  return bootstrap.paired_bootstrap(lambda index: figures(items, index, num_bins, False),
-                                    lambda index: figures(baseline, index, num_bins, False),
+  return bootstrap.paired_bootstrap(lambda index: _differenced(figures(items, index, num_bins,
+                                                                       False)),
+                                    lambda index: _differenced(figures(baseline, index,
+                                                                       num_bins, False)),
                                     [len(items)], num_resamples, seed)
+
+
+def _differenced(found: dict[str, float]) -> dict[str, float]:
+  """The figures a paired difference is taken of: not a test's statistic or p-value."""
+  return {name: value for name, value in found.items()
+          if not name.endswith(("_z", "_p_value"))}
 
 
 # --------------------------------------------------------------------------- OOD

@@ -38,8 +38,10 @@ from meshbayes.training import run_posteriors
 
 # The kinds of runs a method may predict with, named by the training recipe that makes
 # them (gin_configs/uncertainty/<recipe>.gin): point weights, IVON's, and the Bayesian
-# layers' at their settings (``run_record`` tells them apart).
-TRAINED_BY = ("deterministic", "bayesian", "ivon", "map", "bayesian_kl1", "bayesian_kl0.3")
+# layers' at their settings (``run_record`` tells them apart), the noise-without-KL
+# controls (``noise``, ``noise_map``: stddevs frozen at another run's) among them.
+TRAINED_BY = ("deterministic", "bayesian", "ivon", "map", "bayesian_kl1", "bayesian_kl0.3",
+              "noise", "noise_map")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,6 +187,14 @@ for _weight in ("1", "0.3"):
 register(PredictiveMethod(
     "laplace", "a last-layer Laplace approximation around the deterministic run",
     "deterministic", laplace.fit))
+# The noise-without-KL controls: Bayesian layers whose stddevs were frozen at the KL-0.1
+# run's (meshbayes.training.frozen_stddevs), evaluated as the Bayesian layers are.
+register(PredictiveMethod(
+    "noise", "the Bayesian layers with stddevs frozen at the KL-0.1 run's, trained without KL",
+    "noise", as_trained))
+register(PredictiveMethod(
+    "noise_map", "the Bayesian layers with stddevs frozen at the KL-0.1 run's, KL weight 0.1 "
+    "(MAP's penalty on the means)", "noise_map", as_trained))
 
 
 # Which methods fit a run, told before its parameters load.
@@ -193,18 +203,25 @@ AS_TRAINED = "as_trained"  # the run's own posterior, when no registered name is
 POINT, IVON, BAYESIAN_LAYERS = "point weights", "IVON", "Bayesian layers"
 # Each posterior's recipes: the deterministic and IVON recipes are their posterior's only.
 _POSTERIOR_RECIPES = {POINT: ("deterministic",), IVON: ("ivon",),
-                      BAYESIAN_LAYERS: ("bayesian", "map", "bayesian_kl1", "bayesian_kl0.3")}
-# The Bayesian layers' recipes by (weight noise, KL weight), as gin_configs/uncertainty binds
-# them: EncoderDecoderModel.weight_noise, KLWeight.value.
-_LAYER_RECIPES = {(True, 0.1): "bayesian", (False, 0.1): "map", (True, 1.0): "bayesian_kl1",
-                  (True, 0.3): "bayesian_kl0.3"}
+                      BAYESIAN_LAYERS: ("bayesian", "map", "bayesian_kl1", "bayesian_kl0.3",
+                                        "noise", "noise_map")}
+# The Bayesian layers' recipes by (weight noise, KL weight, stddevs frozen), as
+# gin_configs/uncertainty binds them: EncoderDecoderModel.weight_noise, KLWeight.value,
+# run_configs.CheckpointConfig.frozen_stddevs_from.
+_LAYER_RECIPES = {(True, 0.1, False): "bayesian", (False, 0.1, False): "map",
+                  (True, 1.0, False): "bayesian_kl1", (True, 0.3, False): "bayesian_kl0.3",
+                  (True, 0.0, True): "noise", (True, 0.1, True): "noise_map"}
 
 
-def _layers(weight_noise: bool | None, kl_weight: float | None) -> str:
-  """The Bayesian layers' settings that are known, e.g. 'KL weight 0.1, with weight noise'."""
+def _layers(weight_noise: bool | None, kl_weight: float | None,
+            frozen_stddevs: bool | None = None) -> str:
+  """The Bayesian layers' settings that are known, e.g. 'KL weight 0.1, with weight noise'
+  (stddevs frozen: named only when they are)."""
   known = [f"KL weight {kl_weight:g}"] if kl_weight is not None else []
   if weight_noise is not None:
     known.append(f"{'with' if weight_noise else 'without'} weight noise")
+  if frozen_stddevs:
+    known.append("stddevs frozen at another run's")
   return ", ".join(known)
 
 
@@ -222,25 +239,31 @@ class RunRecord:
     posterior: ``POINT``, ``IVON`` or ``BAYESIAN_LAYERS``.
     weight_noise: Bayesian layers: trained under weight noise (None: not recorded).
     kl_weight: Bayesian layers: the (final) KL weight (None: not recorded).
+    frozen_stddevs: Bayesian layers: the stddevs were frozen at another run's (None: not
+      recorded).
 
-  >>> RunRecord(BAYESIAN_LAYERS, weight_noise=True).methods(), RunRecord(IVON).methods()
+  >>> RunRecord(BAYESIAN_LAYERS, True, frozen_stddevs=False).methods(), RunRecord(IVON).methods()
   (('bayesian', 'bayesian_kl1', 'bayesian_kl0.3'), ('ivon',))
-  >>> RunRecord(BAYESIAN_LAYERS, True, 1.0).recipe, RunRecord(BAYESIAN_LAYERS).recipe
+  >>> RunRecord(BAYESIAN_LAYERS, True, 1.0, False).recipe, RunRecord(BAYESIAN_LAYERS).recipe
   ('bayesian_kl1', None)
+  >>> RunRecord(BAYESIAN_LAYERS, True, 0.0, True).recipe
+  'noise'
   """
 
   posterior: str
   weight_noise: bool | None = None
   kl_weight: float | None = None
+  frozen_stddevs: bool | None = None
 
   def recipes(self) -> tuple[str, ...]:
     """The recipes whose runs this one may be: of its posterior, and for Bayesian layers
     those whose settings agree with each one recorded."""
     if self.posterior != BAYESIAN_LAYERS:
       return _POSTERIOR_RECIPES[self.posterior]
-    return tuple(recipe for (noise, weight), recipe in _LAYER_RECIPES.items()
+    return tuple(recipe for (noise, weight, frozen), recipe in _LAYER_RECIPES.items()
                  if self.weight_noise in (None, noise)
-                 and (self.kl_weight is None or math.isclose(weight, self.kl_weight)))
+                 and (self.kl_weight is None or math.isclose(weight, self.kl_weight))
+                 and self.frozen_stddevs in (None, frozen))
 
   @property
   def recipe(self) -> str | None:
@@ -257,7 +280,7 @@ class RunRecord:
       return "a point-weight run"
     if self.posterior == IVON:
       return "an IVON run"
-    known = _layers(self.weight_noise, self.kl_weight)
+    known = _layers(self.weight_noise, self.kl_weight, self.frozen_stddevs)
     return f"a Bayesian-layers run ({known})" if known else "a Bayesian-layers run"
 
 
@@ -270,17 +293,19 @@ def run_record(model: BaseModel, meta: dict[str, Any], model_dir: str | os.PathL
   (``training.run_posteriors``: IVON's), the Bayesian layers' when ``model.is_bayesian``,
   point weights otherwise. That tells the
   recipe too, except for the Bayesian layers': the deterministic and IVON recipes are
-  their posterior's only ones. The Bayesian layers' four differ in two training settings
-  the metadata does not hold, ``EncoderDecoderModel.weight_noise`` (MAP: False) and
-  ``KLWeight.value`` (0.1; the controls 1 and 0.3). They are read from the run's own
-  record, its ``config.gin`` (the gin bindings the trainer writes into the run's
-  directory), not from the model as evaluated (a command line may override it):
+  their posterior's only ones. The Bayesian layers' six differ in three training settings
+  the metadata does not hold, ``EncoderDecoderModel.weight_noise`` (MAP: False),
+  ``KLWeight.value`` (0.1; the controls 1, 0.3 and noise's 0) and
+  ``run_configs.CheckpointConfig.frozen_stddevs_from`` (noise, noise_map). They are read
+  from the run's own record, its ``config.gin`` (the gin bindings the trainer writes into
+  the run's directory), not from the model as evaluated (a command line may override it):
 
   - weight noise: as bound, and when unbound, on. Training under the layers' weight
     samples is what they are; off is the MAP control's opt-out, which a run binds.
   - the KL weight: only as bound. An unbound one took the code's default of its day,
     which nothing records, and no recipe leaves it unbound: such a run (one of
-    gin_configs/examples, say) may be any recipe's with weight noise.
+    gin_configs/examples, say) may be any recipe's with weight noise and stddevs trained.
+  - frozen stddevs: when a source run is bound; unbound, the stddevs were trained.
 
   A bound setting is reliable unless the run was resumed with another (the file is the
   last start's). So a method is refused by the run's posterior always, and by its recipe
@@ -298,9 +323,11 @@ def run_record(model: BaseModel, meta: dict[str, Any], model_dir: str | os.PathL
     return RunRecord(BAYESIAN_LAYERS)
   noise = bindings.get(("EncoderDecoderModel", "weight_noise"), True)
   weight = bindings.get(("KLWeight", "value"))
+  frozen = bindings.get(("CheckpointConfig", "frozen_stddevs_from"))
   return RunRecord(BAYESIAN_LAYERS, noise if isinstance(noise, bool) else None,
                    float(weight) if isinstance(weight, (int, float))
-                   and not isinstance(weight, bool) else None)
+                   and not isinstance(weight, bool) else None,
+                   frozen is not None)
 
 
 def resolve(name: str | None, model: BaseModel, meta: dict[str, Any],
@@ -310,9 +337,10 @@ def resolve(name: str | None, model: BaseModel, meta: dict[str, Any],
   metadata ``meta``, the run's ``config.gin``).
 
   ``None`` is the run's own posterior, named by its recipe's method (``deterministic``,
-  ``ivon``, ``bayesian``, ``map``, ``bayesian_kl1``, ``bayesian_kl0.3``) when its record
-  tells one recipe, else ``AS_TRAINED``. A named method must predict with one of the
-  recipes the run may be of; MC dropout also needs a model with dropout.
+  ``ivon``, ``bayesian``, ``map``, ``bayesian_kl1``, ``bayesian_kl0.3``, ``noise``,
+  ``noise_map``) when its record tells one recipe, else ``AS_TRAINED``. A named method
+  must predict with one of the recipes the run may be of; MC dropout also needs a model
+  with dropout.
 
   Raises:
     ValueError: one line naming the method, what the run is and the methods that apply.

@@ -1,17 +1,20 @@
 """What an uncertainty experiment (``meshbayes.experiments.run``) trains and evaluates, and
 what its runs wrote: the shared ground of the experiment and its report.
 
-- ``Budget``: the size of an experiment (steps, seeds, methods, evaluations) and the
-  training runs it implies;
+- ``Budget``: the size of an experiment (steps, seeds per method, methods, evaluations,
+  the pool, the CPU-hour budget) and the training runs it implies;
 - ``evaluations`` and ``result_dirs``: which checkpoint of which run each method is
   evaluated at (the end of the budget, or the best validation checkpoint) and where its
-  results go under ``OUT/eval/``;
+  results go under ``OUT/eval/``; ``pool_evaluations`` and ``pool_result_dirs``: the same
+  for the runs also evaluated on the pool (``OUT/eval/<pool split>/``);
 - a run's trainer records read back: its validation curve, best and final steps, and
   the posterior's convergence; and the experiment's own JSON files (``costs.json``,
   ``budget.json``, ``report.json``).
 
 Directory layout under ``OUT``: ``runs/<run>/`` (each training run), ``eval/<method>_
-<checkpoint>/`` (each evaluation), ``logs/``, ``costs.json``, ``budget.json``.
+<checkpoint>/`` (each evaluation), ``eval/<pool split>/<run>_<checkpoint>/`` (each pool
+evaluation), ``tuning/<recipe>/<setting>/`` and ``tuning_<recipe>.md|json`` (a tuning grid),
+``logs/``, ``costs.json``, ``budget.json``, ``not_run.json`` (what the stop rule gave up).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from meshbayes.experiments import recipes
-from meshbayes.field_checks import is_int, positive_ints
+from meshbayes.field_checks import is_int, positive_ints, positive_number
 from meshbayes.runtime import metrics_writer, strict_json
 from meshbayes.training import early_stopping
 from meshbayes.training.posterior_diagnostics import MEDIAN_PREFIX, relative_change
@@ -34,8 +37,9 @@ from meshbayes.training.posterior_diagnostics import MEDIAN_PREFIX, relative_cha
 # The methods the experiment compares (meshbayes.experiments.recipes).
 METHODS = recipes.names()
 # The Bayesian layers' controls: MAP (their penalty without the noise), KL weights 1 and
-# 0.3. Not in a budget unless asked for.
-CONTROLS = ("map", "bayesian_kl1", "bayesian_kl0.3")
+# 0.3, the noise arms (their noise without the learning of the stddevs). Not in a budget
+# unless asked for.
+CONTROLS = ("map", "bayesian_kl1", "bayesian_kl0.3", *recipes.NOISE_ARMS)
 # The gin file of each training recipe the methods evaluate.
 RECIPES = {recipe: recipes.gin_file(recipe) for recipe in recipes.RECIPES}
 CHECKPOINTS = ("final", "best")
@@ -88,6 +92,26 @@ class Budget:
       hypotheses (``evaluation.PredictiveConfig.beam_measures``; beam decoding only).
     equivalence_samples: ancestral samples per test source for the equivalence-class
       sequence confidence (``evaluation.PredictiveConfig.equivalence_samples``; 0: none).
+    method_seeds: ``(method, seeds)`` pairs: the seeds a method's recipe is trained at, in
+      place of ``seeds`` (a method with a seed spread) or one (another: the deterministic
+      model's other seeds are then its seed spread, and a method combining its recipe's
+      runs combines them all, so ``ensemble_size`` must be the same). Methods not in
+      ``methods`` are ignored.
+    tuned: recipes whose runs take the setting their tuning grid in the same ``OUT``
+      chose (``--tune``: ``OUT/tuning_<recipe>.json``); none of them trains before it.
+    pool_split: a second test split (``pool_N``: docs/training.md, "The pool") on which
+      every run of ``pool_methods`` is also evaluated, at ``seed_checkpoint``: decoded as
+      the test split is, with its figures, temperature-scaled as the method is, without
+      OOD sets, beam-level measures or equivalence samples; None: no pool.
+    pool_methods: the methods evaluated on ``pool_split``, each run as its recipe's own
+      method (the Bayesian layers: model average and posterior mean).
+    cpu_hours: the stop rule: once the CPU-hours logged in ``costs.json`` reach it
+      (``spent_cpu_hours``), no command starts and what is left is not run
+      (``meshbayes.experiments.schedule``); None: no limit.
+    given_up_first: what the stop rule gives up first, in that order, each scheduled
+      after everything else, in the reverse order: a method of ``methods`` trained by a
+      recipe of its own (its runs and their evaluations) or ``'pool <seed>'`` (the pool
+      evaluations of that seed's runs). Those that name no part of the budget are ignored.
   """
 
   train_steps: int
@@ -109,8 +133,16 @@ class Budget:
   patience: int | None = None
   single_seed: tuple[str, ...] = ()
   ood_beam_sets: tuple[str, ...] = ()
+  method_seeds: tuple[tuple[str, int], ...] = ()
+  tuned: tuple[str, ...] = ()
+  pool_split: str | None = None
+  pool_methods: tuple[str, ...] = ()
+  cpu_hours: float | None = None
+  given_up_first: tuple[str, ...] = ()
 
   def __post_init__(self):
+    # budget.json holds pairs as lists: read back, they are pairs again.
+    object.__setattr__(self, "method_seeds", tuple(tuple(p) for p in self.method_seeds))
     positive_ints("Budget", self, "train_steps", "eval_period", "num_samples", "ood_examples",
                   "seeds", "bootstrap_resamples")
     positive_ints("Budget", self, "first_seed", allow_zero=True)
@@ -145,27 +177,110 @@ class Budget:
     if combining and not self.ensemble_size >= 2:
       raise ValueError(f"Budget: ensemble_size={self.ensemble_size!r} must be at least 2 "
                        f"(methods {', '.join(combining)} combine runs)")
+    self._check_seeds(combining)
+    self._check_pool_and_stop_rule()
+
+  def _check_seeds(self, combining: Sequence[str]) -> None:
+    given = [name for name, _ in self.method_seeds]
+    if (any(len(p) != 2 for p in self.method_seeds) or len(set(given)) != len(given)
+        or not set(given) <= set(METHODS)
+        or not all(is_int(n) and n >= 1 for _, n in self.method_seeds)):
+      raise ValueError(f"Budget: method_seeds={self.method_seeds!r} must be (method, seeds) "
+                       f"pairs, each method once, one of {', '.join(METHODS)}, each with a "
+                       "positive int of seeds")
+    both = sorted(set(given) & set(self.single_seed))
+    if both:
+      raise ValueError(f"Budget: method_seeds={self.method_seeds!r} and single_seed="
+                       f"{self.single_seed!r} both name {both}")
+    for name in combining:
+      recipe = recipes.get(name).trained_by
+      others = {m: self.seeds_of(m) for m in self.methods
+                if recipes.get(m).trained_by == recipe and m != name}
+      if any(n != self.ensemble_size for n in others.values() if n > 1):
+        raise ValueError(f"Budget: ensemble_size={self.ensemble_size!r} must equal the seeds "
+                         f"of {recipe} ({others}): method {name} combines every run of it")
+    if not set(self.tuned) <= set(RECIPES):
+      raise ValueError(f"Budget: tuned={self.tuned!r}: each must be one of "
+                       f"{', '.join(RECIPES)}")
+    for run, source in source_runs(self).items():
+      if source not in self.runs:
+        raise ValueError(f"Budget: run {run} reads run {source} (the same seed of "
+                         f"{source.split('_seed')[0]}), which the budget does not train: "
+                         f"add {source.split('_seed')[0]} with as many seeds to methods")
+
+  def _check_pool_and_stop_rule(self) -> None:
+    if (self.pool_split is None) != (not self.pool_methods) or self.pool_split in ("", "test"):
+      raise ValueError(f"Budget: pool_split={self.pool_split!r} and pool_methods="
+                       f"{self.pool_methods!r} must be both given (a split other than test and "
+                       "some methods) or neither")
+    bad = [m for m in self.pool_methods
+           if m not in self.methods or recipes.get(m).combines_runs]
+    if bad:
+      raise ValueError(f"Budget: pool_methods={self.pool_methods!r}: each must be one of "
+                       f"methods {self.methods!r} that does not combine runs")
+    if self.cpu_hours is not None:
+      positive_number("Budget", "cpu_hours", self.cpu_hours)
+    for item in self.given_up_first:
+      pool_seed = item.removeprefix("pool ")
+      shared = [m for m in self.methods if m != item and item in (
+          recipes.get(m).trained_by, recipes.get(m).reads_run_of)] if item in METHODS else []
+      if (not (item in METHODS and _own_recipe(item) or pool_seed.isdigit() and pool_seed != item)
+          or shared):
+        raise ValueError(f"Budget: given_up_first={self.given_up_first!r}: {item!r} must be "
+                         "a method trained by a recipe of its own, which no other method "
+                         f"trains or reads{f' ({shared})' if shared else ''}, or 'pool <seed>'")
+
+  def seeds_of(self, name: str) -> int:
+    """The seeds method ``name``'s recipe is trained at for it (``method_seeds``, else
+    ``ensemble_size`` for a method that combines runs, ``seeds`` for one with a seed spread,
+    one for another)."""
+    method, given = recipes.get(name), dict(self.method_seeds)
+    if name in given:
+      return given[name]
+    if method.combines_runs:
+      return self.ensemble_size
+    return self.seeds if method.seed_spread and name not in self.single_seed else 1
 
   @property
   def runs(self) -> dict[str, tuple[str, int]]:
-    """Training runs: name -> (gin file, seed). Each method's recipe once (run ``<recipe>``);
-    a method that combines runs adds ``ensemble_size - 1`` seeds of it, one that reports
-    its seed spread ``seeds - 1`` (runs ``<recipe>_seed<k>``)."""
+    """Training runs: name -> (gin file, seed), in the order of ``methods``. Each method's
+    recipe once (run ``<recipe>``), and ``seeds_of(method) - 1`` more seeds of it (runs
+    ``<recipe>_seed<k>``, seed ``first_seed + k``)."""
     runs = {}
     for name in self.methods:
-      method = recipes.get(name)
-      recipe = method.trained_by
+      recipe = recipes.get(name).trained_by
       runs.setdefault(recipe, (RECIPES[recipe], self.first_seed))
-      more = (self.ensemble_size if method.combines_runs else
-              self.seeds if method.seed_spread and name not in self.single_seed else 1)
       runs.update({f"{recipe}_seed{k}": (RECIPES[recipe], self.first_seed + k)
-                   for k in range(1, more)})
+                   for k in range(1, self.seeds_of(name))})
     return runs
 
   @property
   def seed_checkpoint(self) -> str:
     """The checkpoint every run of another seed is evaluated at."""
     return self.checkpoints[0]
+
+
+def _own_recipe(name: str) -> bool:
+  """Whether method ``name`` is trained by a recipe of its own name."""
+  return recipes.get(name).trained_by == name
+
+
+def recipe_of(run: str) -> str:
+  """The recipe of run ``<recipe>`` or ``<recipe>_seed<k>``."""
+  return run.rsplit("_seed", 1)[0]
+
+
+def source_runs(budget: Budget) -> dict[str, str]:
+  """``{run: the run it reads}``: each run of a recipe whose training reads another recipe's
+  run of the same seed (``recipes.MethodRecipe.reads_run_of``: the noise arms, the
+  Bayesian layers' learned stddevs); it starts after that run has finished."""
+  found = {}
+  for run in budget.runs:
+    recipe = recipe_of(run)
+    source = recipes.get(recipe).reads_run_of if recipe in METHODS else None
+    if source:
+      found[run] = source + run[len(recipe):]
+  return found
 
 
 def tuning_grid(knobs: Sequence[tuple[str, Sequence[str]]], trials: int | None = None,
@@ -289,45 +404,89 @@ def stopped_at(run_dir: Path) -> int | None:
 # The evaluations of an experiment.
 
 
-def evaluations(budget: Budget, out: Path) -> dict[str, dict[str, Any]]:
-  """``{'<method>@<checkpoint>': {'method': ..., 'run': ..., 'step': ..., 'extra': [...]}}``
-  of every evaluation of the experiment in ``out`` (its runs trained), and
-  ``'<run>@<checkpoint>'`` for each run of another seed (its recipe's method); ``extra``
-  are the evaluation's own gin bindings."""
-  runs = out / "runs"
-  found = {}
-  step_at = lambda checkpoint, run: (best_step(runs / run) if checkpoint == "best"
-                                     else final_step(runs / run))
-  for checkpoint in budget.checkpoints:
-    step = lambda run: step_at(checkpoint, run)
-    for name in budget.methods:
-      method = recipes.get(name)
-      run = method.trained_by
-      extra = list(method.eval_bindings)
-      if method.combines_runs:
-        extra.append("evaluation.PredictiveConfig.ensemble_dirs=[{}]".format(", ".join(
-            f"'{runs / member / 'checkpoints' / str(step(member))}'"
-            for member in budget.runs if member.startswith(f"{run}_seed"))))
-      found[f"{name}@{checkpoint}"] = {"method": name, "run": run, "step": step(run),
-                                       "extra": extra}
+def evaluation_keys(budget: Budget) -> dict[str, tuple[str, str, str]]:
+  """``{key: (method, run, checkpoint)}`` of every evaluation on the test split, in the
+  order ``evaluations`` lists them; nothing is read."""
+  keys = {f"{name}@{checkpoint}": (name, recipes.get(name).trained_by, checkpoint)
+          for checkpoint in budget.checkpoints for name in budget.methods}
   # Every other seed as itself, evaluated as its recipe's own method (each recipe is a
   # method too): the seed spread of the deterministic model (the ensemble's members) and
   # of each method with ``seed_spread``.
-  checkpoint = budget.seed_checkpoint
-  for run in budget.runs:
-    if "_seed" in run:
-      recipe = run.rsplit("_seed", 1)[0]
-      found[f"{run}@{checkpoint}"] = {
-          "method": recipe, "run": run, "step": step_at(checkpoint, run),
-          "extra": list(recipes.get(recipe).eval_bindings)}
+  keys.update({f"{run}@{budget.seed_checkpoint}": (recipe_of(run), run, budget.seed_checkpoint)
+               for run in budget.runs if "_seed" in run})
+  return keys
+
+
+def _step(out: Path, run: str, checkpoint: str) -> int:
+  return best_step(out / "runs" / run) if checkpoint == "best" else final_step(out / "runs" / run)
+
+
+def evaluations(budget: Budget, out: Path, keys: Sequence[str] | None = None
+                ) -> dict[str, dict[str, Any]]:
+  """``{'<method>@<checkpoint>': {'method': ..., 'run': ..., 'step': ..., 'extra': [...]}}``
+  of every evaluation of the experiment in ``out`` (its runs trained), and
+  ``'<run>@<checkpoint>'`` for each run of another seed (its recipe's method); ``extra``
+  are the evaluation's own gin bindings. ``keys``: only these (their runs trained)."""
+  runs = out / "runs"
+  found = {}
+  for key, (name, run, checkpoint) in evaluation_keys(budget).items():
+    if keys is not None and key not in keys:
+      continue
+    method = recipes.get(name)
+    extra = list(method.eval_bindings)
+    if method.combines_runs:
+      extra.append("evaluation.PredictiveConfig.ensemble_dirs=[{}]".format(", ".join(
+          f"'{runs / member / 'checkpoints' / str(_step(out, member, checkpoint))}'"
+          for member in budget.runs if member.startswith(f"{run}_seed"))))
+    found[key] = {"method": name, "run": run, "step": _step(out, run, checkpoint),
+                  "extra": extra}
   return found
 
 
-def result_dirs(budget: Budget, out: Path) -> dict[str, Path]:
+def result_dirs(budget: Budget, out: Path, keys: Sequence[str] | None = None
+                ) -> dict[str, Path]:
   """Each evaluation's result directory; a best checkpoint that is the final one shares
-  the final's (it is evaluated once)."""
+  the final's (it is evaluated once). ``keys``: only these (their runs trained)."""
   results, evaluated = {}, {}
-  for key, spec in evaluations(budget, out).items():
+  for key, spec in evaluations(budget, out, keys).items():
     same = (spec["run"], spec["step"], tuple(spec["extra"]))
     results[key] = evaluated.setdefault(same, out / "eval" / key.replace("@", "_"))
   return results
+
+
+# The pool: a second test split for the figures that need many sources.
+
+# An evaluation on the pool decodes and scores its sources only: no OOD sets, no beam-level
+# measures, no equivalence samples (the design's cost: decoding alone).
+POOL_BINDINGS = ("evaluation.OodConfig.files={}", "evaluation.OodConfig.targets_as_inputs=False",
+                 "evaluation.OodConfig.shuffled_words=False", "evaluation.OodConfig.beam_sets=[]",
+                 "evaluation.PredictiveConfig.beam_measures=False",
+                 "evaluation.PredictiveConfig.equivalence_samples=0")
+
+
+def pool_keys(budget: Budget) -> dict[str, tuple[str, str, int]]:
+  """``{'<run>@<checkpoint>': (method, run, seed)}``: every run of each of
+  ``pool_methods``' recipes, at ``seed_checkpoint``, in the order of ``runs``."""
+  by_recipe = {recipes.get(m).trained_by: m for m in budget.pool_methods}
+  return {f"{run}@{budget.seed_checkpoint}": (by_recipe[recipe_of(run)], run, seed)
+          for run, (_, seed) in budget.runs.items() if recipe_of(run) in by_recipe}
+
+
+def pool_evaluations(budget: Budget, out: Path, keys: Sequence[str] | None = None
+                     ) -> dict[str, dict[str, Any]]:
+  """``{'<run>@<checkpoint>': {'method', 'run', 'seed', 'step', 'extra'}}`` of every
+  evaluation on ``pool_split`` (empty without a pool); ``extra``: the method's bindings,
+  then ``POOL_BINDINGS``. ``keys``: only these (their runs trained)."""
+  return {key: {"method": method, "run": run, "seed": seed,
+                "step": _step(out, run, budget.seed_checkpoint),
+                "extra": [*recipes.get(method).eval_bindings, *POOL_BINDINGS]}
+          for key, (method, run, seed) in pool_keys(budget).items()
+          if keys is None or key in keys}
+
+
+def pool_result_dirs(budget: Budget, out: Path) -> dict[str, Path]:
+  """Each pool evaluation's result directory, ``OUT/eval/<pool_split>/<run>_<checkpoint>``
+  (its ``metrics.json`` there once it has run); nothing is read."""
+  return {key: out / "eval" / budget.pool_split / key.replace("@", "_")
+          for key in pool_keys(budget)}
+

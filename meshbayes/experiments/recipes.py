@@ -24,6 +24,14 @@ from meshbayes.evaluation import methods as predictive_methods
 # KL weights 1 and 0.3).
 RECIPES = predictive_methods.TRAINED_BY
 _TEMPERATURE_SCALED = ("evaluation.PredictiveConfig.temperature_scaling=True",)
+# The noise-without-KL control's two arms (docs/results/2026-11-29-sequence-calibration-
+# design.md, "Runs" 3): the Bayesian layers' recipe with each weight's stddev frozen at the
+# learned value of the KL-0.1 run of the same seed, `noise` without the KL, `noise_map` with
+# it (MAP's penalty on the means).
+NOISE_ARMS = ("noise", "noise_map")
+# The gin macro naming the run a training run reads (``MethodRecipe.reads_run_of``): the
+# noise arms' source of stddevs (gin_configs/uncertainty/noise_map.gin).
+SOURCE_RUN_MACRO = "FROZEN_STDDEVS_FROM"
 
 
 def gin_file(recipe: str) -> str:
@@ -43,12 +51,15 @@ class MethodRecipe:
       alone (the spread over training seeds).
     eval_bindings: gin bindings its evaluations add (e.g. temperature scaling).
     columns: the predictives its reports show, each with its column title.
+    reads_run_of: the recipe whose run of the same seed its training reads (given as
+      ``SOURCE_RUN_MACRO``), so it starts after that run has finished; None: none.
   """
 
   name: str
   seed_spread: bool = False
   eval_bindings: tuple[str, ...] = ()
   columns: tuple[tuple[str, str], ...] = ()
+  reads_run_of: str | None = None
 
   def __post_init__(self):
     predictive_methods.get(self.name)  # a registered method, or a one-line error
@@ -92,6 +103,9 @@ _METHODS = {recipe.name: recipe for recipe in (
       for weight in ("1", "0.3")),
     MethodRecipe("laplace", eval_bindings=("evaluation.PredictiveConfig.method='laplace'",),
                  columns=(("model_average", "last-layer Laplace"),)),
+    *(MethodRecipe(arm, seed_spread=True, eval_bindings=_TEMPERATURE_SCALED,
+                   columns=_bayesian_columns(title), reads_run_of="bayesian")
+      for arm, title in zip(NOISE_ARMS, ("noise without KL", "noise with MAP's penalty"))),
 )}
 
 

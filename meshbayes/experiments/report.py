@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from meshbayes import metrics
-from meshbayes.experiments import compare, recipes, selections, tables, verdicts
+from meshbayes.experiments import (band_verdicts, compare, recipes, selections, tables,
+                                   verdicts)
 from meshbayes.experiments.plan import (CHECKPOINTS, Budget, best_step, convergence, read_json,
                                         stopped_at, validation_curve, write_json)
 from meshbayes.metrics import measures as registry
@@ -230,29 +231,94 @@ def _seed_groups(results: Mapping[str, Path], checkpoint: str) -> dict[str, dict
   return groups
 
 
-def seed_verdicts(results: Mapping[str, Path], checkpoint: str
-                  ) -> tuple[str, dict[str, Any]]:
+def seed_verdicts(results: Mapping[str, Path], checkpoint: str,
+                  pool: Mapping[str, Path] | None = None) -> tuple[str, dict[str, Any]]:
   """The verdict table (``verdicts.verdict_table``) of the evaluations ``results`` at
-  ``checkpoint``; empty without a column of several seeds."""
+  ``checkpoint`` (``pool``: the pool's evaluations, keyed as ``results``, which decide
+  sequence calibration); empty without a column of several seeds."""
   groups = _seed_groups(results, checkpoint)
   if not groups:
     return "", {}
-  return verdicts.verdict_table(tables.seed_values(groups, {t: SEED_GROUPS[t][1] for t in groups}))
+  return verdicts.verdict_table(_seed_values(groups), _pool_values(pool, checkpoint))
 
 
-def _seed_section(results: Mapping[str, Path], checkpoint: str,
-                  summary: dict[str, Any]) -> list[str]:
+def seed_band(results: Mapping[str, Path], checkpoint: str,
+              pool: Mapping[str, Path] | None = None) -> tuple[str, dict[str, Any]]:
+  """Each predictive against its band (``band_verdicts.band_table``) at ``checkpoint``: on
+  the pool's evaluations when there are, else on the test split's; empty without a
+  predictive of two seeds."""
+  pool_values = _pool_values(pool, checkpoint)
+  if pool_values is not None:
+    return band_verdicts.band_table(pool_values, "pool")
+  groups = _seed_groups(results, checkpoint)
+  return band_verdicts.band_table(_seed_values(groups), "test split") if groups else ("", {})
+
+
+def _band_lines(table: str) -> list[str]:
+  if not table:
+    return []
+  return ["### One predictive against its band", "",
+          "Per predictive, each seed's reference-fraction signed gap (mean label minus mean p; "
+          "negative: overconfident), their mean with its t-interval over seeds and its t-test "
+          "against 0, Holm over the predictives: overconfident, underconfident or calibrated "
+          "within noise. Beside it, per seed, the z-test of its gap over the sources and its "
+          "one-sided reference-fraction ECE against its null band's 97.5% point. One-sample "
+          f"tests: the {registry.MIN_POSITIVES}-positive gate of the paired comparisons does "
+          "not apply; the power is stated instead (`meshbayes/experiments/band_verdicts.py`).",
+          "", table, ""]
+
+
+def _seed_values(groups: Mapping[str, Mapping[int, Path]]
+                 ) -> dict[str, dict[str, dict[int, float]]]:
+  return tables.seed_values(groups, {t: SEED_GROUPS[t][1] for t in groups})
+
+
+def _pool_values(pool: Mapping[str, Path] | None, checkpoint: str
+                 ) -> dict[str, dict[str, dict[int, float]]] | None:
+  """The seed values of the pool's evaluations (None without a pool). A pool evaluation
+  the stop rule gave up has no ``metrics.json``: its seed is left out (``not_run.json``
+  says so)."""
+  done = {key: d for key, d in (pool or {}).items() if (d / "metrics.json").is_file()}
+  groups = _seed_groups(done, checkpoint) if done else {}
+  return _seed_values(groups) if groups else None
+
+
+def seed_values_from_summary(summary: Mapping[str, Any]
+                             ) -> dict[str, dict[str, dict[int, float]]]:
+  """``tables.seed_values``' figures again from a written ``report.json`` (its
+  ``seeds/means``: each column's per-seed values of the headline figures; the counts of
+  positives are not there), titles without their fitted temperature: a published report's
+  verdicts can be recomputed by today's rules.
+
+  Raises:
+    ValueError: ``summary`` has no seed section.
+  """
+  means = summary.get("seeds", {}).get("means")
+  if not means:
+    raise ValueError("seed_values_from_summary: the report has no seeds/means (an "
+                     "experiment of one seed per method)")
+  return {tables.group_title(title): {name: {int(k): v for k, v in entry["seeds"].items()
+                                             if v is not None}
+                                      for name, entry in figures.items() if "seeds" in entry}
+          for title, figures in means.items()}
+
+
+def _seed_section(results: Mapping[str, Path], checkpoint: str, summary: dict[str, Any],
+                  pool: Mapping[str, Path] | None = None) -> list[str]:
   """The report's section on training seeds at ``checkpoint``: each column's seed 0 beside
-  its mean over seeds, and the seed-level differences against the deterministic model
-  (none without a column of several seeds)."""
+  its mean over seeds, the seed-level differences against the deterministic model, the
+  verdicts per claim and each predictive against its band (on the pool when there is one;
+  none without a column of several seeds)."""
   groups = _seed_groups(results, checkpoint)
   if not groups:
     return []
-  values = tables.seed_values(groups, {t: SEED_GROUPS[t][1] for t in groups})
+  values = _seed_values(groups)
+  pool_values = _pool_values(pool, checkpoint)
   spread, means = tables.seed_table(_columns(results, checkpoint), values)
   tests, differences = tables.seed_difference_table(values)
-  verdict_text, summary["verdicts"] = verdicts.verdict_table(values)
+  verdict_text, summary["verdicts"] = verdicts.verdict_table(values, pool_values)
   summary["seeds"] = {"checkpoint": checkpoint, "means": means, "differences": differences}
+  band, summary["band_verdicts"] = seed_band(results, checkpoint, pool)
   where = ("end of the budget" if checkpoint == "final" else
            "each run's best validation checkpoint")
   section = [f"## Training seeds ({where})", "",
@@ -269,21 +335,30 @@ def _seed_section(results: Mapping[str, Path], checkpoint: str,
                 "Welch-Satterthwaite df; every seed of each side) and the paired t interval "
                 "over the seed numbers both have (seed k of every recipe is trained on the "
                 "same batches in the same order: SEED sets the data order), each with its "
-                "two-sided p-value: better or worse when the interval excludes 0.", "",
-                tests, ""]
+                "two-sided p-value: better or worse when the interval excludes 0, uncorrected "
+                "(the verdicts below correct).", "", tests, ""]
   if verdict_text:
     section += ["### One verdict per claim", "",
                 "Each comparison sets a column against the control that would explain its "
-                "effect away; each figure is the paired t interval over the seeds both have. "
-                "A claim helps (hurts) when one of its figures is better (worse) outside "
-                "noise and none points the other way; a sequence calibration figure on fewer "
-                f"than {registry.MIN_POSITIVES} positive labels in a seed is underpowered and "
-                "decides nothing (`tools/experiment_verdicts.py`).", "", verdict_text, ""]
-  return section
+                "effect away; each figure is the paired t-test over the seeds both have, "
+                "Holm's correction at family-wise 0.05 over the deciding figures of the "
+                "comparison (translation: BLEU; token calibration: token ECE; sequence "
+                "calibration, on the pool only: the absolute reference-fraction signed gap "
+                "and the reference-fraction ECE; error detection: the PRR; OOD: the AUROCs by "
+                "the beam-level and the token-level total uncertainty). A claim helps (hurts) "
+                "when one of its figures is rejected in its favour (against it) and none the "
+                "other way, mixed when both, cannot tell otherwise, with the true difference "
+                "it would detect with probability 0.8 at Holm's smallest level. Reported "
+                "figures (NLL, the exact-match ECE) decide nothing. A paired sequence figure "
+                f"on fewer than {registry.MIN_POSITIVES} positive labels in a seed is "
+                "underpowered (`meshbayes/experiments/verdicts.py`).", "", verdict_text, ""]
+  return section + _band_lines(band)
 
 
-def write(out: Path, budget: Budget, results: Mapping[str, Path]) -> Path:
-  """Writes the report of an experiment under ``out``; returns ``report.md``'s path."""
+def write(out: Path, budget: Budget, results: Mapping[str, Path],
+          pool: Mapping[str, Path] | None = None) -> Path:
+  """Writes the report of an experiment under ``out`` (``pool``: its evaluations on the
+  pool, keyed as ``results``); returns ``report.md``'s path."""
   runs, figures = out / "runs", out / "figures"
   figures.mkdir(exist_ok=True)
   costs = read_json(out / "costs.json")
@@ -339,7 +414,7 @@ def write(out: Path, budget: Budget, results: Mapping[str, Path]) -> Path:
     sections += [f"![reliability](figures/reliability_{checkpoint}.png)",
                  f"![OOD AUROC](figures/ood_{checkpoint}.png)",
                  f"![rejection curves](figures/rejection_{checkpoint}.png)", ""]
-  sections += _seed_section(results, budget.seed_checkpoint, summary)
+  sections += _seed_section(results, budget.seed_checkpoint, summary, pool)
   plot_curves(runs, figures / "curves.png")
   sections += ["## Training curves", "", "![curves](figures/curves.png)", ""]
   if budget.patience:

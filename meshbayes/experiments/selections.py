@@ -1,16 +1,19 @@
 """Which measures of the registry (``meshbayes.metrics.measures``) each report table shows,
 in its order: defined here once, read by the run table (``compare``), the experiment's
-comparisons (``tables``), its figures (``report``) and its verdicts (``verdicts``).
+comparisons (``tables``), its figures (``report``) and its verdicts (``verdicts``,
+``band_verdicts``).
 
 The registry says what a measure is (name, label, direction, how it is computed); this
 module says only where it is shown. A table's rows that must agree are derived from one
 list: the headline figures are the run table's rows marked ``HEADLINE``, the seed tables'
 OOD measures those of ``OOD_MEASURES`` every model has, and the run table's OOD rows every
 measure an OOD input is scored by (a measure added to the registry is shown there without
-being listed here).
+being listed here). The primary sequence figure is the reference-fraction signed gap
+(``fraction_signed_gap``: it sees over- and underconfidence), its z-test's p-value beside it
+and before the one-sided reference-fraction ECE.
 
->>> headline_figures()[:3]
-('bleu', 'exact_match', 'sequence_ece')
+>>> headline_figures()[:4]
+('bleu', 'exact_match', 'sequence_ece', 'fraction_signed_gap')
 >>> seed_ood_measures()
 ('total_uncertainty', 'beam_total_uncertainty')
 """
@@ -25,6 +28,7 @@ HEADLINE = "headline"  # also a row of the paired-difference and seed tables
 FIGURE_ROWS = (
     ("bleu", HEADLINE), ("exact_match", HEADLINE), ("exact_match_positives", ""),
     ("mean_probability", ""), ("sequence_ece", HEADLINE), ("sequence_ece_null_high", ""),
+    ("fraction_signed_gap", HEADLINE), ("fraction_signed_gap_p_value", ""),
     ("fraction_ece", HEADLINE), ("fraction_ece_null_high", ""),
     ("calibration_auroc", HEADLINE), ("equivalence_chrf80_positives", ""),
     ("equivalence_chrf80_sequence_ece", HEADLINE),
@@ -33,6 +37,11 @@ FIGURE_ROWS = (
     ("prr_negative_log_probability", HEADLINE), ("prr_mutual_information", ""),
     ("token_ece", HEADLINE), ("token_weighted_ece", ""), ("token_nll", HEADLINE),
     ("token_accuracy", ""), ("token_brier", HEADLINE))
+# What the one-predictive verdicts (``band_verdicts``) read of each seed beside the headline
+# figures: the signed gap's z-test, the one-sided ECE's null band, the mean label (the
+# match rate a miscalibration factor scales) and the number of sources.
+BAND_FIGURES = ("fraction_signed_gap", "fraction_signed_gap_z", "fraction_signed_gap_p_value",
+                "fraction_ece", "fraction_ece_null_high", "reference_fraction", "num_items")
 # The order of the run table's OOD rows; a scored measure not named here follows them, in
 # the registry's order.
 OOD_ROW_ORDER = ("mutual_information", "reverse_mutual_information", "expected_pairwise_kl",
@@ -62,6 +71,11 @@ def run_table_figures() -> tuple[str, ...]:
 def headline_figures() -> tuple[str, ...]:
   """The figures the paired-difference and seed tables repeat, in the run table's order."""
   return tuple(name for name, mark in FIGURE_ROWS if mark == HEADLINE)
+
+
+def band_figures() -> tuple[str, ...]:
+  """The figures the one-predictive verdicts read of each seed (``BAND_FIGURES``)."""
+  return BAND_FIGURES
 
 
 def ood_table_measures() -> tuple[str, ...]:
@@ -97,6 +111,7 @@ def check() -> None:
   """
   for selection, chosen, kind in (
       ("FIGURE_ROWS", run_table_figures(), registry.FIGURE),
+      ("BAND_FIGURES", BAND_FIGURES, registry.FIGURE),
       ("OOD_ROW_ORDER", OOD_ROW_ORDER, registry.UNCERTAINTY),
       ("OUTPUT_ONLY", OUTPUT_ONLY, registry.UNCERTAINTY),
       ("OOD_MEASURES", ood_measures(), registry.UNCERTAINTY),

@@ -205,8 +205,9 @@ def _figures(names: Sequence[str]) -> list[tuple[str, str, float, str]]:
 
 def seed_values(groups: Mapping[str, Mapping[int, Path]], predictives: Mapping[str, str]
                 ) -> dict[str, dict[str, dict[int, float]]]:
-  """``{title: {figure: {seed: value}}}``: each seed's headline figures and the counts of
-  positive labels they rest on (and, for an evaluation's headline predictive, its OOD
+  """``{title: {figure: {seed: value}}}``: each seed's headline figures, the counts of
+  positive labels they rest on, what the one-predictive verdicts read
+  (``selections.band_figures``) (and, for an evaluation's headline predictive, its OOD
   AUROCs by ``selections.seed_ood_measures``, as ``ood_figure`` names)
   read from ``groups`` (title -> ``{seed: evaluation directory}``), of the predictive
   ``predictives[title]``; undefined figures (null, NaN) are left out."""
@@ -221,7 +222,8 @@ def seed_values(groups: Mapping[str, Mapping[int, Path]], predictives: Mapping[s
       figures = run_metrics["intervals"][predictive]
       headline = selections.headline_figures()
       counts = {registry.positives_figure(name) for name in headline} - {None}
-      for name in (*headline, *sorted(counts)):
+      band = [name for name in selections.band_figures() if name not in headline]
+      for name in (*headline, *sorted(counts), *band):
         value = figures.get(name, {}).get("estimate")
         if value is not None and np.isfinite(value):
           found.setdefault(name, {})[seed] = float(value)

@@ -31,6 +31,11 @@ class CheckpointConfig:
     fallback_on_corrupt: when the newest checkpoint is corrupt or incomplete,
       set it aside as ``<step>.corrupt`` and resume from the newest one that
       verifies; default: stop with a one-line error.
+    frozen_stddevs_from: a run with Bayesian layers of the same model shape whose
+      posterior stddevs a new run takes and never trains (the noise-without-KL
+      control, ``meshbayes.training.frozen_stddevs``); None: trained as usual.
+    frozen_stddevs_step: the step of ``frozen_stddevs_from`` to take them from;
+      None: its best checkpoint by validation NLL.
   """
 
   period: int = 100
@@ -40,6 +45,8 @@ class CheckpointConfig:
   initial_from_deterministic: bool = False
   moped_delta: float = 0.1
   fallback_on_corrupt: bool = False
+  frozen_stddevs_from: str | None = None
+  frozen_stddevs_step: int | None = None
 
   def __post_init__(self):
     positive_ints("CheckpointConfig", self, "period")
@@ -53,6 +60,14 @@ class CheckpointConfig:
       raise ValueError("CheckpointConfig: initial_from_deterministic=True needs an "
                        "initial_checkpoint (the deterministic twin's)")
     positive_numbers("CheckpointConfig", self, "moped_delta")
+    if self.frozen_stddevs_from is not None and not (isinstance(self.frozen_stddevs_from, str)
+                                                     and self.frozen_stddevs_from):
+      raise ValueError(f"CheckpointConfig: frozen_stddevs_from={self.frozen_stddevs_from!r} "
+                       "must be a run directory (a non-empty string) or None")
+    positive_ints("CheckpointConfig", self, "frozen_stddevs_step", allow_none=True)
+    if self.frozen_stddevs_step is not None and self.frozen_stddevs_from is None:
+      raise ValueError(f"CheckpointConfig: frozen_stddevs_step={self.frozen_stddevs_step} "
+                       "needs frozen_stddevs_from (the run to take the stddevs from)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,7 +36,7 @@ from meshbayes.runtime.metrics_writer import MetricsWriter, ProgressBar
 from meshbayes.runtime.preemption import STOP_EXIT_CODES, STOP_SIGNALS
 from meshbayes.runtime import run_lock
 from meshbayes.training import checkpoints as checkpoints_lib
-from meshbayes.training import compute_log, early_stopping, step_loop
+from meshbayes.training import compute_log, early_stopping, frozen_stddevs, step_loop
 from meshbayes.training.host_input import HostBatches, HostInput
 from meshbayes.training.optimizers import IVON_META, KLWeight, Optimizer
 from meshbayes.training.posterior_diagnostics import median_stddevs
@@ -109,9 +109,11 @@ def _check_vocabulary(model: BaseModel, data: TaskData) -> str:
 
 
 def _check_resume(saved_meta: dict[str, Any], step_dir: epath.Path, data: TaskData,
-                  vocabulary: str) -> None:
+                  vocabulary: str, checkpoint: CheckpointConfig) -> None:
   """Raises a one-line ValueError when the run does not continue the checkpoint's
   (checkpoints older than these fields pass)."""
+  frozen_stddevs.check_resume(saved_meta, step_dir, checkpoint.frozen_stddevs_from,
+                              checkpoint.frozen_stddevs_step)
   saved_vocabulary = saved_meta.get("vocabulary", vocabulary)
   if saved_vocabulary != vocabulary:
     raise ValueError(f"train: the vocabulary of task {data.task!r} ({vocabulary}) is not the one "
@@ -167,6 +169,8 @@ def train(*, model_dir: str, model: BaseModel, data: TaskData, train_steps: int,
                             ("input", input, InputConfig)):
     _check_config(name, value, kind)
   steps = StepFunctions.build(model, optimizer, kl_weight, seed, input.num_microbatches)
+  if checkpoint.frozen_stddevs_from is not None:  # the noise-without-KL control
+    steps = frozen_stddevs.freeze(steps)
   model_dir = _make_model_dir(model_dir)
   vocabulary = _check_vocabulary(model, data)
   partitioner = partitioner or Partitioner()
@@ -191,12 +195,14 @@ def train(*, model_dir: str, model: BaseModel, data: TaskData, train_steps: int,
     cleanup.callback(ckpts.wait)  # runs first: every started save lands, even on errors
     start = _restore_or_initialize(
         ckpts, partitioner, abstract, checkpoint.fallback_on_corrupt,
-        check=lambda meta, step_dir: _check_resume(meta, step_dir, data, vocabulary),
+        check=lambda meta, step_dir: _check_resume(meta, step_dir, data, vocabulary,
+                                                   checkpoint),
         initialize=lambda: _initialize(model, steps, data, partitioner, abstract, checkpoint,
                                        seed))
     layout = partitioner.data_layout(data.batch_size)
     host_input = HostInput(data, layout, input.shards or start.input_shards or layout.num_shards)
-    meta = _checkpoint_meta(model, data, steps, abstract, vocabulary, host_input)
+    meta = _checkpoint_meta(model, data, steps, abstract, vocabulary, host_input,
+                            start.frozen_stddevs)
     state, step = start.state, int(start.state.step)
     history = (early_stopping.validation_history(model_dir, step) if evaluation.patience
                else [])
@@ -231,22 +237,28 @@ class _Start:
     data_position: training batches consumed before ``state`` (0 for a new run).
     input_shards: the input shards the checkpoint's run read (a resumed run keeps its
       input order whatever the hosts); None for a new run.
+    frozen_stddevs: where the posterior stddevs were frozen at (``frozen_stddevs.load``'s
+      record: the new run's, or the checkpoint's); None when they train.
   """
   state: TrainState
   restored_step: int | None
   data_position: int
   input_shards: int | None
+  frozen_stddevs: dict[str, Any] | None = None
 
 
 def _restore_or_initialize(ckpts: checkpoints_lib.Checkpoints, partitioner: Partitioner,
                            abstract: TrainState, fallback: bool,
                            check: Callable[[dict[str, Any], epath.Path], None],
-                           initialize: Callable[[], TrainState]) -> _Start:
+                           initialize: Callable[[], tuple[TrainState, dict[str, Any] | None]]
+                           ) -> _Start:
   """The latest checkpoint's state, checked by ``check(meta, step_dir)`` (with
-  ``fallback``, the newest intact one, checked after reading), or ``initialize()``."""
+  ``fallback``, the newest intact one, checked after reading), or ``initialize()``'s
+  (a state, and where its frozen stddevs came from)."""
   latest = ckpts.latest_step()
   if latest is None:
-    return _Start(initialize(), None, 0, None)
+    state, frozen = initialize()
+    return _Start(state, None, 0, None, frozen)
   _say(f"resuming from the checkpoint of step {latest} in {ckpts.directory}")
   if not fallback:  # fail before reading the arrays
     try:
@@ -259,14 +271,18 @@ def _restore_or_initialize(ckpts: checkpoints_lib.Checkpoints, partitioner: Part
   if fallback:  # the step restored may be an older one
     check(saved_meta, ckpts.step_dir(latest))
   return _Start(state, latest, int(saved_meta["data_position"]),
-                int(saved_meta.get("input_shards", 1)))
+                int(saved_meta.get("input_shards", 1)), saved_meta.get(frozen_stddevs.META_KEY))
 
 
 def _initialize(model: BaseModel, steps: StepFunctions, data: TaskData,
                 partitioner: Partitioner, abstract: TrainState, checkpoint: CheckpointConfig,
-                seed: int) -> TrainState:
+                seed: int) -> tuple[TrainState, dict[str, Any] | None]:
   """A new run's state: initialized from ``seed``, its parameters from
-  ``checkpoint.initial_checkpoint`` when one is set."""
+  ``checkpoint.initial_checkpoint`` when one is set, its posterior scales from
+  ``checkpoint.frozen_stddevs_from`` when that is set (with the record of their source)."""
+  source = None
+  if checkpoint.frozen_stddevs_from is not None:  # its errors before anything is initialized
+    source = frozen_stddevs.source(checkpoint.frozen_stddevs_from, checkpoint.frozen_stddevs_step)
   num_params = sum(x.size for x in jax.tree.leaves(abstract.params))
   _say(f"initializing the train state ({num_params:,} parameters) on a "
        f"{' x '.join(f'{k}={v}' for k, v in partitioner.mesh.shape.items())} mesh")
@@ -275,19 +291,27 @@ def _initialize(model: BaseModel, steps: StepFunctions, data: TaskData,
       jax.random.key(seed))
   if checkpoint.initial_checkpoint:
     state = _initial_parameters(state, abstract, checkpoint, partitioner)
-  return state
+  if source is None:
+    return state, None
+  params, record = frozen_stddevs.load(
+      source, state.params, partitioner.placed({"params": abstract.params})["params"])
+  _say(f"posterior stddevs frozen at {source.run}'s step {source.step} ({source.chosen_by})")
+  return state.replace(params=params), record
 
 
 def _checkpoint_meta(model: BaseModel, data: TaskData, steps: StepFunctions,
-                     abstract: TrainState, vocabulary: str,
-                     host_input: HostInput) -> dict[str, Any]:
-  """What every checkpoint of this start records beside its arrays."""
+                     abstract: TrainState, vocabulary: str, host_input: HostInput,
+                     frozen: dict[str, Any] | None) -> dict[str, Any]:
+  """What every checkpoint of this start records beside its arrays (``frozen``: where the
+  posterior stddevs are frozen at)."""
   meta = {"param_logical_axes": _param_axes(abstract), "input_shards": host_input.input_shards,
           "batch_size": data.batch_size, "vocabulary": vocabulary, "task": data.task}
   if getattr(model, "num_train_units", None) is not None:  # the KL's D, for evaluation
     meta["num_train_units"] = float(model.num_train_units)
   if steps.ivon is not None:  # what turns the saved state into the posterior
     meta[IVON_META] = {"ess": steps.ivon.ess, "weight_decay": steps.ivon.weight_decay}
+  if frozen is not None:
+    meta[frozen_stddevs.META_KEY] = frozen
   return meta
 
 
@@ -510,6 +534,9 @@ def _train_loop(state: TrainState, start: _Start, compiled: _Compiled, schedule:
       if last_saved in (None, first):  # this start's first checkpoint
         if compiled.configuration and jax.process_index() == 0:
           write_text_atomically(model_dir / "config.gin", compiled.configuration)
+        if start.frozen_stddevs is not None and jax.process_index() == 0:  # beside config.gin
+          write_text_atomically(model_dir / frozen_stddevs.RECORD_FILE, strict_json.dumps(
+              start.frozen_stddevs, indent=2) + "\n")
       last_saved = step
       if outputs.compute is not None:  # counted once it has landed, not before
         outputs.compute.save_started(step)

@@ -99,6 +99,8 @@ map            -     -    ok     -       -     -   -     ok  -
 bayesian_kl1   -     -    ok     ok      -     ok  -     -   -
 bayesian_kl0.3 -     -    ok     ok      -     -   ok    -   -
 laplace        ok    -    -      -       -     -   -     -   -
+noise          -     -    ok     -       -     -   -     -   -
+noise_map      -     -    ok     -       -     -   -     -   -
 """
 # The method of each run when none is given: the run's own, by its recipe's name if told.
 UNSET = {"point": "deterministic", "ivon": "ivon", "no_gin": "as_trained",
@@ -167,8 +169,8 @@ def test_a_method_that_does_not_fit_is_one_line_naming_what_does(tmp_path):
     predictive_methods.resolve("ivon", *_run(tmp_path, "no_gin"))
   assert str(unrecorded.value) == (
       f"evaluate: method='ivon' predicts with IVON runs; {tmp_path / 'no_gin'} is a "
-      "Bayesian-layers run: use one of bayesian, map, bayesian_kl1, bayesian_kl0.3 or leave "
-      "method unset")
+      "Bayesian-layers run: use one of bayesian, map, bayesian_kl1, bayesian_kl0.3, noise, "
+      "noise_map or leave method unset")
   with pytest.raises(ValueError) as sampled_map:
     predictive_methods.resolve("bayesian", *_run(tmp_path, "map"))
   assert str(sampled_map.value) == (

@@ -50,7 +50,7 @@ def test_the_controls_are_the_bayesian_recipe_with_one_change_each():
     assert bound(f"bayesian_kl{weight}") - bayesian == {f"KLWeight.value = {float(weight)}"}
   assert "map" not in plan.Budget(train_steps=4, eval_period=2).methods
   budget = plan.Budget(train_steps=4, eval_period=2, seeds=2,
-                                  methods=plan.CONTROLS)
+                       methods=("bayesian", *plan.CONTROLS))
   assert budget.runs["map_seed1"] == ("uncertainty/map.gin", 1)
   assert "evaluation.PredictiveConfig.num_samples=0" in recipes.get("map").eval_bindings
   for name in ("bayesian", *plan.CONTROLS):

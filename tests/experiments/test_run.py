@@ -7,11 +7,12 @@ import dataclasses
 import io
 import json
 import re
+from pathlib import Path
 
 import pytest
 
 from meshbayes.data import technical_english
-from meshbayes.experiments import plan
+from meshbayes.experiments import plan, schedule
 from meshbayes.experiments import run as experiment_run
 from meshbayes.tools import experiment
 from meshbayes.training import compute_log
@@ -261,6 +262,10 @@ def test_a_tuned_run_is_reused_as_the_experiments_run_not_trained_again(data_dir
   _run_toy(data_dir, tuning, "--tune=deterministic",
            "--grid=models.TransformerConfig.dropout_rate=0.1")
   assert "| 0.1 | " in (tuning / "tuning_deterministic.md").read_text()
+  choice = plan.read_json(tuning / "tuning_deterministic.json")  # what Budget.tuned reads
+  assert choice["chosen"] == {"models.TransformerConfig.dropout_rate": "0.1"}
+  assert choice["label"] == "dropout_rate=0.1"
+  assert set(choice["validation_nll"]) == {"dropout_rate=0.1"}
   chosen = tuning / "tuning" / "deterministic" / "dropout_rate=0.1"
   capsys.readouterr()
   out, _ = _run_toy(data_dir, tmp_path / "experiment", "--methods=deterministic",
@@ -292,7 +297,7 @@ def test_a_best_checkpoint_that_is_the_final_one_is_evaluated_once(tmp_path, cur
       "".join(json.dumps({"step": s, "nll": nll}) + "\n" for s, nll in curve.items()))
 
   class Recorder:
-    def all(self, commands, done):
+    def all(self, commands, done, admit=None, after=None):
       self.names = [log.stem.replace("_", " ") for _, _, log in commands]
       return []
 
@@ -385,7 +390,7 @@ def test_model_average_evaluations_are_started_first():
 class _Recorder:
   """A runner that records the commands it is given and runs none."""
 
-  def all(self, commands, done):
+  def all(self, commands, done, admit=None, after=None):
     self.args = [args for _, args, _ in commands]
     return []
 
@@ -404,3 +409,221 @@ def test_the_cpu_preset_evaluates_every_test_pair(tmp_path, preset, binding):
   assert limits == [f"--gin.data.TaskData.max_eval_batches={binding}"]
   assert (experiment_run.PRESETS[preset].eval_batches is plan.ALL_TEST_PAIRS) == (
       preset == "cpu")
+
+
+# The sequence calibration design's plan (make experiment): its command lines, its order
+# and its stop rule, with a runner that runs nothing.
+
+RATE = "optimizers.LearningRate.base"
+
+
+class _Planned:
+  """A runner that runs nothing: each command costs 0.1 CPU-hours (360 s of wall) and
+  leaves what it would (a finished run whose best validation step is 500; an evaluation's
+  metrics.json); records each command's name and arguments, and what waits for what."""
+
+  def __init__(self):
+    self.names, self.args, self.after = [], {}, {}
+
+  def all(self, commands, done, admit=lambda index: True, after=None):
+    names = [re.sub(r"^(eval|pool)_", r"\1 ", log.stem) for _, _, log in commands]
+    self.after.update({names[i]: [names[j] for j in before]
+                       for i, before in (after or {}).items()})
+    for index, (entry_point, args, _) in enumerate(commands):
+      if not admit(index):
+        break
+      self.names.append(names[index])
+      self.args[names[index]] = args
+      bound = dict(a[len("--gin."):].split("=", 1) for a in args if a.startswith("--gin."))
+      if entry_point == "train":
+        run = Path(bound["MODEL_DIR"].strip("'"))
+        (run / "checkpoints" / bound["TRAIN_STEPS"]).mkdir(parents=True)
+        (run / "eval").mkdir()
+        (run / "eval" / "metrics.jsonl").write_text("".join(
+            json.dumps({"step": s, "nll": abs(s - 500) / 1000 + 2}) + "\n" for s in (250, 500)))
+      else:
+        result = Path(bound["evaluation.ReportConfig.output_dir"].strip("'"))
+        result.mkdir(parents=True)
+        (result / "metrics.json").write_text("{}")
+      done(index, {"wall_seconds": 360.0, "cpu_seconds": 360.0})
+    return []
+
+
+def _sequence(tmp_path, **changes):
+  """The sequence_cpu preset's experiment in ``tmp_path``, its grid having chosen 1.2e-2."""
+  tmp_path.mkdir(exist_ok=True)
+  plan.write_json(tmp_path / "tuning_deterministic.json", {"chosen": {RATE: "1.2e-2"}})
+  budget = dataclasses.replace(experiment_run.PRESETS["sequence_cpu"], **changes)
+  return experiment_run.Experiment(budget, tmp_path, _Planned())
+
+
+def test_the_designs_runs_take_the_grids_choice_and_the_noise_arms_their_sources(tmp_path):
+  run = _sequence(tmp_path)
+  run.train()
+  runner = run.run
+  assert runner.names == [f"{name}" for name in run.budget.runs]  # the table's order
+  args = runner.args
+  assert f"--gin.{RATE}=1.2e-2" in args["deterministic_seed3"]
+  assert "--gin.SEED=203" in args["deterministic_seed3"]
+  assert not any(RATE in a for a in args["bayesian"])  # only the tuned recipe's runs
+  for common in ("--gin.TRAIN_STEPS=12000", "--gin.run_configs.EvaluationConfig.patience=4",
+                 "--gin.run_configs.EvaluationConfig.period=250"):
+    assert common in args["noise_map_seed2"]
+  assert (f"--gin.FROZEN_STDDEVS_FROM='{tmp_path / 'runs' / 'bayesian_seed2'}'"
+          in args["noise_map_seed2"])
+  assert "--gin_file=uncertainty/noise_map.gin" in args["noise_map_seed2"]
+  assert not any("FROZEN_STDDEVS_FROM" in a for a in args["map_seed2"])
+  # Each noise run starts after the Bayesian run of its seed has finished.
+  assert runner.after == {f"{arm}{seed}": [f"bayesian{seed}"] for arm in ("noise", "noise_map")
+                          for seed in ("", "_seed1", "_seed2")}
+  (tmp_path / "tuning_deterministic.json").unlink()
+  with pytest.raises(ValueError, match=r"^deterministic's runs take its tuning grid's choice "
+                                       r"\(Budget.tuned\), and .*tuning_deterministic.json is "
+                                       r"missing: run --tune=deterministic with this --out "
+                                       r"first \(docs/experiment.md\)$"):
+    experiment_run.Experiment(run.budget, tmp_path / "other", _Planned()).train()
+
+
+def test_the_pool_is_decoded_as_the_test_split_without_ood_sets(tmp_path):
+  run = _sequence(tmp_path)
+  run.train(["bayesian_seed1", "deterministic"])
+  results = run.evaluate_pool(["bayesian_seed1@best", "deterministic@best"])
+  assert results["bayesian_seed1@best"] == (tmp_path / "eval" / "pool_24000" /
+                                            "bayesian_seed1_best")
+  pool = run.run.args["pool bayesian_seed1@best"]
+  for binding in ("evaluate.split='pool_24000'", "evaluate.checkpoint_step=500",
+                  "data.TaskData.max_eval_batches=None",
+                  "evaluation.DecodeConfig.method='beam'",
+                  "evaluation.PredictiveConfig.temperature_scaling=True",
+                  f"evaluation.ReportConfig.output_dir='{results['bayesian_seed1@best']}'",
+                  *plan.POOL_BINDINGS):
+    assert f"--gin.{binding}" in pool
+  # The last binding of each wins: no OOD set, no beam-level measures on the pool.
+  assert [a for a in pool if "beam_measures" in a][-1].endswith("=False")
+  assert [a for a in pool if "beam_sets" in a][-1].endswith("=[]")
+  assert run.run.names[-2:] == ["pool bayesian_seed1@best", "pool deterministic@best"]
+  run.run.names.clear()
+  run.evaluate_pool(["bayesian_seed1@best"])  # done: not again
+  assert run.run.names == []
+
+
+def test_the_stop_rule_gives_up_the_pool_of_seed_204_then_203_then_noise_map(tmp_path):
+  """A tiny fake budget: 49 commands of 0.1 CPU-hours each, a budget of 4.55: the 46th is
+  the last to start, and the pool decodings of seed 204 and one of 203 are not run."""
+  run = _sequence(tmp_path, cpu_hours=4.55)
+  left = run.run_stages()
+  assert len(run.run.names) == 46 and run.stopped
+  assert [(s.name, s.runs, s.evaluations, s.pool) for s in left] == [
+      ("pool 203", (), (), ("deterministic_seed3@best",)),
+      ("pool 204", (), (), ("deterministic_seed4@best", "bayesian_seed4@best"))]
+  assert run.run.names[-1] == "pool bayesian_seed3@best"  # model averages first
+  assert schedule.spent_cpu_hours(plan.read_json(tmp_path / "costs.json")) == pytest.approx(4.6)
+  # Resumed, nothing starts: the budget is spent.
+  again = experiment_run.Experiment(run.budget, tmp_path, _Planned())
+  assert again.run_stages() == left and again.run.names == []
+  # With a larger budget everything runs, in the design's order.
+  everything = _sequence(tmp_path / "all", cpu_hours=50.0)
+  assert everything.run_stages() == []
+  order = everything.run.names
+  assert order.index("noise_seed2") < order.index("eval bayesian@best")
+  assert (order.index("pool bayesian_seed2@best") < order.index("noise_map")
+          < order.index("eval noise_map@best") < order.index("pool bayesian_seed3@best")
+          < order.index("pool bayesian_seed4@best") == len(order) - 2)
+
+
+def test_a_stop_before_what_the_report_needs_is_an_error_and_recorded(tmp_path, capsys):
+  run = _sequence(tmp_path, cpu_hours=0.5)
+  assert experiment_run.execute(run, "sequence_cpu") == 1
+  assert run.run.names == ["deterministic", "deterministic_seed1", "deterministic_seed2",
+                           "deterministic_seed3", "deterministic_seed4"]
+  printed = capsys.readouterr()
+  assert "experiment: stop rule: 0.50 CPU-hours logged of the budget's 0.5: no command " \
+         "starts" in printed.out
+  assert printed.err.splitlines()[-1] == ("experiment: error: the stop rule left stages the "
+                                          "report needs: training, test split, pool_24000")
+  record = plan.read_json(tmp_path / "not_run.json")
+  assert [s["name"] for s in record["not_run"]] == [
+      "pool 204", "pool 203", "noise_map", "pool_24000", "test split", "training"]
+  assert record["not_run"][-1]["runs"][:2] == ["bayesian", "bayesian_seed1"]
+
+
+def test_an_out_directory_of_another_preset_is_not_resumed(tmp_path, capsys):
+  plan.write_json(tmp_path / "budget.json", {"preset": "cpu"})
+  assert experiment_run.execute(_sequence(tmp_path), "sequence_cpu") == 1
+  assert capsys.readouterr().err.splitlines()[-1] == (
+      f"experiment: error: --preset=sequence_cpu: {tmp_path} holds an experiment of "
+      "--preset=cpu (budget.json); give another --out")
+  assert plan.read_json(tmp_path / "budget.json") == {"preset": "cpu"}
+
+
+@pytest.mark.parametrize("chosen, trained", [
+    ("1.2e-2", [["6e-3", "1.2e-2"], ["6e-3", "1.2e-2", "2.4e-2"]]),  # the edge: once more
+    ("6e-3", [["6e-3", "1.2e-2"]]),
+])
+def test_the_grid_goes_past_its_edge_when_it_chooses_its_edge(tmp_path, monkeypatch, chosen,
+                                                              trained):
+  calls = []
+
+  def tune(self, method, settings):
+    calls.append([s[RATE] for s in settings])
+    plan.write_json(self.out / f"tuning_{method}.json", {"chosen": {RATE: chosen}})
+    (self.out / "table.md").write_text("the table\n")
+    return self.out / "table.md"
+
+  monkeypatch.setattr(experiment_run.Experiment, "tune", tune)
+  assert experiment_run.execute(
+      _sequence(tmp_path), "sequence_cpu", tune="deterministic",
+      knobs=[(RATE, ["6e-3", "1.2e-2"])], past_edge="2.4e-2") == 0
+  assert calls == trained
+  with pytest.raises(ValueError, match=r"--past_edge=2.4e-2 needs a grid of one knob, not 2"):
+    experiment_run.past_the_edge([("a", ["1"]), ("b", ["2"])], {"a": "1"}, "2.4e-2")
+
+
+def test_the_runner_starts_nothing_the_stop_rule_refuses_and_waits_for_what_it_must(tmp_path):
+  calls = []
+  runner = experiment_run.Runner(in_process=lambda entry_point, args: calls.append(args))
+  commands = [("train", [name], tmp_path / f"{name}.log") for name in ("a", "b", "c")]
+  costs = runner.all(commands, admit=lambda index: index < 2)
+  assert calls == [["a"], ["b"]] and costs[2] is None and costs[0]["wall_seconds"] >= 0
+  with pytest.raises(ValueError, match=r"Runner.all: after=\{0: \[1\]\} must name earlier "
+                                       r"commands"):
+    runner.all(commands, after={0: [1]})
+
+
+@pytest.mark.integration
+def test_parallel_commands_wait_for_theirs_and_stop_when_refused(tmp_path):
+  runner = experiment_run.Runner(jobs=2)
+  with pytest.raises(RuntimeError, match="nonexistent.gin"):
+    runner.all([("train", ["--gin_file=nonexistent.gin"], tmp_path / "a.log"),
+                ("eval", ["--help"], tmp_path / "b.log")], after={1: [0]})
+  assert not (tmp_path / "b.log").exists()  # it waited for a, which failed
+  costs = runner.all([("eval", ["--help"], tmp_path / "c.log"),
+                      ("eval", ["--help"], tmp_path / "d.log")], admit=lambda index: index == 0)
+  assert costs[0]["wall_seconds"] > 0 and costs[1] is None
+  assert not (tmp_path / "d.log").exists()
+
+
+def test_the_demo_says_its_figures_are_not_a_verdict(tmp_path, monkeypatch, capsys):
+  """``make demo`` prints under its table, once, that its figures are one seed at 1,000
+  steps and which page decides; ``make experiment`` does not."""
+  from meshbayes.experiments import report
+
+  table = tmp_path / "report.md"
+  table.write_text("| metric | deterministic | Bayesian layers |\n| BLEU | 2.82 | 10.75 |\n")
+  monkeypatch.setattr(experiment_run.Experiment, "run_stages", lambda self: [])
+  monkeypatch.setattr(experiment_run, "result_dirs", lambda budget, out: {})
+  monkeypatch.setattr(report, "write", lambda out, budget, results, pools=None: table)
+  printed = {}
+  for preset in ("demo", "cpu"):
+    (tmp_path / preset).mkdir()
+    experiment = experiment_run.Experiment(experiment_run.PRESETS[preset], tmp_path / preset,
+                                           _Recorder())
+    assert experiment_run.execute(experiment, preset) == 0
+    printed[preset] = capsys.readouterr().out.splitlines()
+  rows = ["| metric | deterministic | Bayesian layers |", "| BLEU | 2.82 | 10.75 |", ""]
+  assert printed["demo"] == [*rows, (
+      "These figures are one seed at 1,000 steps, a code path, not a verdict: see "
+      "docs/results/2026-11-29-sequence-calibration-design.md (the verdicts will be on its "
+      "results page)")]
+  assert printed["cpu"] == rows
+  assert (Path(__file__).resolve().parents[2] / experiment_run.VERDICT_PAGE).is_file()

@@ -15,12 +15,24 @@ from tests.experiments.seed_evaluations import evaluation
 def test_the_headline_figures_are_run_table_rows_in_its_order():
   rows = selections.run_table_figures()
   headline = selections.headline_figures()
-  assert headline == ("bleu", "exact_match", "sequence_ece", "fraction_ece", "calibration_auroc",
-                      "equivalence_chrf80_sequence_ece", "equivalence_chrf80_calibration_auroc",
-                      "decoded_token_ece", "prr_negative_log_probability", "token_ece",
-                      "token_nll", "token_brier")
+  assert headline == ("bleu", "exact_match", "sequence_ece", "fraction_signed_gap",
+                      "fraction_ece", "calibration_auroc", "equivalence_chrf80_sequence_ece",
+                      "equivalence_chrf80_calibration_auroc", "decoded_token_ece",
+                      "prr_negative_log_probability", "token_ece", "token_nll", "token_brier")
   assert [name for name in rows if name in headline] == list(headline)
-  assert len(rows) == 21 and rows[-1] == "token_brier"
+  assert len(rows) == 23 and rows[-1] == "token_brier"
+
+
+def test_the_signed_gap_is_a_headline_with_its_p_value_beside_the_fraction_ece():
+  rows = selections.run_table_figures()
+  at = rows.index("fraction_signed_gap")
+  assert rows[at:at + 3] == ("fraction_signed_gap", "fraction_signed_gap_p_value",
+                             "fraction_ece")
+  assert "fraction_signed_gap_p_value" not in selections.headline_figures()
+  # The one-predictive verdicts read each seed's z-test and band beside the headline.
+  assert selections.band_figures() == (
+      "fraction_signed_gap", "fraction_signed_gap_z", "fraction_signed_gap_p_value",
+      "fraction_ece", "fraction_ece_null_high", "reference_fraction", "num_items")
 
 
 def test_the_seed_tables_ood_measures_are_the_fixed_ones_every_model_has():
@@ -78,14 +90,21 @@ def test_a_bad_selection_is_a_one_line_error_naming_it(monkeypatch, patch, messa
 
 def test_each_claim_is_answered_by_figures_the_seed_tables_collect(monkeypatch):
   verdicts.check()
-  claim = verdicts.Claim("OOD", ("ood/spanish/mutual_information",))
+  claim = verdicts.Claim("OOD", (verdicts.Figure("ood/spanish/mutual_information", "MI",
+                                                 "detects"),))
   monkeypatch.setattr(verdicts, "CLAIMS", (claim,))
   with pytest.raises(ValueError, match=r"CLAIMS: 'OOD''s figure 'ood/spanish/mutual_information' "
                                        r"is not a headline figure or an OOD AUROC by one of "
                                        r"total_uncertainty, beam_total_uncertainty"):
     verdicts.check()
   monkeypatch.setattr(verdicts, "CLAIMS", ())
-  monkeypatch.setattr(verdicts, "COMPARISONS",
-                      (verdicts.Comparison("Bayes", "deterministic", ""),))
-  with pytest.raises(ValueError, match="COMPARISONS: 'Bayes' is not a report column"):
+  monkeypatch.setattr(verdicts, "DESIGN", ((("bayes", "model_average"),
+                                            ("deterministic", "posterior_mean"), ""),))
+  with pytest.raises(ValueError, match="verdicts: method 'bayes' is not one of the "
+                                       "experiment's"):
+    verdicts.check()
+  monkeypatch.setattr(verdicts, "DESIGN", ((("bayesian", "mode"),
+                                            ("deterministic", "posterior_mean"), ""),))
+  with pytest.raises(ValueError, match="verdicts: 'bayesian' has no column of predictive "
+                                       "'mode'; valid: model_average, posterior_mean"):
     verdicts.check()
