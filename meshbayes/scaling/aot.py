@@ -26,7 +26,7 @@ from meshbayes.layers import count_parameters
 from meshbayes.models.configurables import PRESETS, preset_config
 from meshbayes.models.encoder_decoder import EncoderDecoderModel
 from meshbayes.models.transformer import Estimators, TransformerConfig
-from meshbayes.scaling import hlo, hlo_profile, kernels, roofline
+from meshbayes.scaling import fused_attention, hlo, hlo_profile, kernels, roofline
 from meshbayes.scaling.targets import GIB, Target
 from meshbayes.training.optimizers import OPTIMIZERS, KLWeight, Optimizer
 from meshbayes.training.train_step import StepFunctions, abstract_state, jit_train_step
@@ -362,8 +362,10 @@ def compile_and_profile(spec: StepSpec, target: Target) -> dict[str, Any]:
 
   Adds ``hlo_profile.program_profile``'s collectives, HBM bytes and operations (kernels on
   a GPU), on a GPU the kernels of avoidable work (``avoidable_kernels``:
-  ``kernels.avoidable_work``), and ``roofline``: the predicted step
-  (``roofline.predictions``; on a GPU the frozen step-time model's).
+  ``kernels.avoidable_work``) and cuDNN's fused-attention calls
+  (``fused_attention_per_device``: ``fused_attention.census``, what the frozen model v2
+  charges), and ``roofline``: the predicted step (``roofline.predictions``; on a GPU the
+  frozen step-time model v1's).
   """
   record = compile_step(spec, target, keep_hlo=target.platform != "cpu")
   text = record.pop("hlo_text", None)
@@ -374,6 +376,8 @@ def compile_and_profile(spec: StepSpec, target: Target) -> dict[str, Any]:
     if target.platform == "gpu":
       record["avoidable_kernels"] = kernels.avoidable_work(
           text, {spec.input_length, spec.target_length})
+      # Read while the text is here: without it no record could be predicted by v2.
+      record["fused_attention_per_device"] = fused_attention.census(text)
     del text
   record["roofline"] = roofline.predictions(record)
   return record

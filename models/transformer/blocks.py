@@ -182,7 +182,8 @@ class MultiHeadAttention(nn.Module):
         activation_axes=("batch", "length", "heads", "kv"),
         kernel_stddev_init=fan_in_stddev(cfg.posterior_stddev_ratio),
         prior=weight_prior(cfg),
-        one_sample_per_example=self.component in cfg.one_sample_per_sequence)
+        one_sample_per_example=self.component in cfg.one_sample_per_sequence,
+        noise_dtype=cfg.noise_dtype)
     nn.share_scope(self, self.attention)
 
   def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Array | None,
@@ -208,12 +209,13 @@ class MlpBlock(nn.Module):
   def __call__(self, x: Array) -> Array:
     cfg = self.config
     init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
-    per_sequence = {"one_sample_per_example": "mlp" in cfg.one_sample_per_sequence}
+    sampling = {"one_sample_per_example": "mlp" in cfg.one_sample_per_sequence,
+                "noise_dtype": cfg.noise_dtype}
     hidden = None
     for i, activation in enumerate(cfg.mlp_activations):
       name = "wi" if len(cfg.mlp_activations) == 1 else f"wi_{i}"
       h = dense_general(cfg, cfg.estimators.mlp, features=cfg.mlp_dim, kernel_init=init,
-                        kernel_axes=("embed", "mlp"), name=name, **per_sequence)(
+                        kernel_axes=("embed", "mlp"), name=name, **sampling)(
                             x, self.deterministic)
       h = _ACTIVATIONS[activation](h)
       hidden = h if hidden is None else hidden * h
@@ -221,6 +223,6 @@ class MlpBlock(nn.Module):
     hidden = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(
         hidden, deterministic=not self.enable_dropout)
     out = dense_general(cfg, cfg.estimators.mlp, features=cfg.emb_dim, kernel_init=init,
-                        kernel_axes=("mlp", "embed"), name="wo", **per_sequence)(
+                        kernel_axes=("mlp", "embed"), name="wo", **sampling)(
                             hidden, self.deterministic)
     return nn.with_logical_constraint(out, BATCH_LENGTH_EMBED)

@@ -103,6 +103,12 @@ class TransformerConfig:
       example, shared over its positions: the objective prediction uses) rather
       than one per position; reparameterization always does, and local
       reparameterization cannot.
+    noise_dtype: dtype of the Bayesian attention and feed-forward layers'
+      activation-sized noise work (local reparameterization's variance, its square
+      root and noise; Flipout's weight perturbation): None, float32 as written;
+      ``bfloat16`` halves its bytes, a change of the numbers by rounding
+      (``meshbayes.layers.Dense``'s ``noise_dtype``). Reparameterization and
+      deterministic layers have none.
   """
 
   vocab_size: int = 32128
@@ -127,6 +133,7 @@ class TransformerConfig:
   prior_stddev: float = 1.0
   posterior_stddev_ratio: float = 0.1
   one_sample_per_sequence: tuple[str, ...] = ()
+  noise_dtype: str | None = None
 
   def __post_init__(self):
     object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
@@ -162,6 +169,9 @@ class TransformerConfig:
                        f"non-empty tuple of {', '.join(ACTIVATIONS)}")
     if self.dtype not in DTYPES:
       raise ValueError(f"TransformerConfig: dtype={self.dtype!r} must be one of {DTYPES}")
+    if self.noise_dtype is not None and self.noise_dtype not in DTYPES:
+      raise ValueError(f"TransformerConfig: noise_dtype={self.noise_dtype!r} must be None "
+                       f"(float32) or one of {DTYPES}")
     if self.remat_policy not in REMAT_POLICIES:
       raise ValueError(f"TransformerConfig: remat_policy={self.remat_policy!r} must be one of "
                        f"{REMAT_POLICIES}")

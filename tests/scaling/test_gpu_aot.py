@@ -14,7 +14,7 @@ from jax.experimental.compilation_cache import compilation_cache
 
 from meshbayes.scaling import aot, hlo_profile, roofline, targets
 from meshbayes.scaling.kernels import avoidable_work
-from meshbayes.scaling.measured_steps import H200_STEPS, MEASURED_COMMIT
+from meshbayes.scaling.measured_steps import MEASURED_H200_STEPS
 from meshbayes.tools import gpu_model_check, scaling_study
 
 pytestmark = [
@@ -84,13 +84,15 @@ def test_a_node_of_eight_gpus_communicates_over_nvlink(tmp_path):
 
 
 def test_the_frozen_model_on_the_measured_code(tmp_path):
-  known = subprocess.run(["git", "cat-file", "-e", f"{MEASURED_COMMIT}^{{commit}}"],
-                         capture_output=True).returncode == 0
-  if not known:
-    pytest.skip(f"this checkout's history lacks the measured commit {MEASURED_COMMIT}")
+  commits = sorted({step.commit for step in MEASURED_H200_STEPS})
+  unknown = [c for c in commits if subprocess.run(
+      ["git", "cat-file", "-e", f"{c}^{{commit}}"], capture_output=True).returncode]
+  if unknown:
+    pytest.skip(f"this checkout's history lacks the measured commits {', '.join(unknown)}")
   report = gpu_model_check.main([f"--json={tmp_path / 'check.json'}"])
   assert report["ok"], json.dumps(report["steps"], indent=1)
-  assert [r["name"] for r in report["steps"]] == [s.name for s in H200_STEPS]
+  assert report["model_name"] == "v1" and report["commit"] == commits
+  assert [r["name"] for r in report["steps"]] == [s.name for s in MEASURED_H200_STEPS]
   for row in report["steps"]:
     assert abs(row["error"]) <= 0.10, row
 
@@ -119,6 +121,9 @@ def test_bench_and_step_profile_report_the_frozen_model_for_a_gpu_target():
   assert report["efficiency_quotient"] == pytest.approx(
       bayes["seconds"] / det["seconds"] / (bayes["model_flops"] / det["model_flops"]))
   assert set(det["avoidable_kernels"]) >= {"attention_scores", "copies", "kernels"}
+  # XLA's attention: no fused call, so v2 is v1.
+  assert det["fused_attention_calls"] == 0 and det["v2_attention_seconds"] == 0
+  assert (det["v2_seconds"], bayes["v2_seconds"]) == (det["seconds"], bayes["seconds"])
   profile = step_profile.main(["--sections=gpu", "--target=h100:1", "--model=tiny",
                                "--batch=4", "--length=16", "--dtype=bfloat16"])["gpu"]
   by_kind = profile["bayesian"]["by_kind"]
