@@ -17,6 +17,7 @@ import numpy as np
 from meshbayes.metrics.seed_intervals import t_interval
 from meshbayes.planet.config import PlanetConfig
 from meshbayes.planet.diagnostics import FIT_TERMS
+from meshbayes.planet.run_files import recorded_config
 
 CELLS: dict[str, dict[str, object]] = {
     "F": {},                                       # as published (2026-11-28)
@@ -169,7 +170,7 @@ REPRODUCED = ("eval_returns", "validation_returns", "open_loop_mse", "velocity_p
 def identical_to_published(record: Mapping, published: Mapping) -> bool:
   """Whether a rerun reproduces a published run bit for bit: the same config, the same
   ``REPRODUCED`` outputs and the same curve entries (those the published run has)."""
-  return (record["config"] == published["config"]
+  return (recorded_config(record) == recorded_config(published)
           and all(record[key] == published[key] for key in REPRODUCED)
           and all(record["curve"][key] == values
                   for key, values in published["curve"].items()))

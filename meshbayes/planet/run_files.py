@@ -31,12 +31,20 @@ def read_run(path: str) -> dict[str, object] | None:
     return strict_json.restore(json.load(f))  # a diverged run's NaN figures as trained
 
 
+def recorded_config(record: dict[str, object]) -> dict[str, object]:
+  """The settings a record was trained with, every ``PlanetConfig`` field present: a field
+  added after the record was written takes its default, which keeps the behaviour the
+  record was made with."""
+  defaults = {field.name: field.default for field in dataclasses.fields(PlanetConfig)}
+  return {**defaults, **record["config"]}
+
+
 def trained(config: PlanetConfig, agent: Agent, path: str,
             log: Callable[[str], None] | None = None) -> dict[str, object]:
   """The record of ``config``'s run: read from ``path`` if it holds this config's, else
   trained with ``agent`` and written there (atomically: a cut-short write leaves none)."""
   record = read_run(path)
-  if record is not None and record["config"] == dataclasses.asdict(config):
+  if record is not None and recorded_config(record) == dataclasses.asdict(config):
     return record
   record = train(config, agent, log=log)
   os.makedirs(os.path.dirname(path), exist_ok=True)
