@@ -104,21 +104,8 @@ def train(config: PlanetConfig, agent: Agent | None = None,
   # compiles) and the measurements between rounds.
   wall_seconds = (time.perf_counter() - start - (agent.compile_seconds - compiled_before)
                   - timing["diagnostic_seconds"])
-  validation_returns, eval_returns, eval_seconds = {}, {}, {}
-  for rule in config.decision_rules:
-    validation_returns[rule] = [
-        _blocked(agent.policy_episode(params, jax.random.fold_in(key_validation, index), 0.0,
-                                      rule)).total_return
-        for index in range(config.validation_episodes)]
-    compiled, tic = agent.compile_seconds, time.perf_counter()
-    eval_returns[rule] = [
-        _blocked(agent.policy_episode(params, jax.random.fold_in(key_eval, index), 0.0,
-                                      rule)).total_return
-        for index in range(config.eval_episodes)]
-    eval_seconds[rule] = ((time.perf_counter() - tic - (agent.compile_seconds - compiled))
-                          / config.eval_episodes)
-    log(f"{config.estimator} seed {config.seed} rule {rule}: validation "
-        f"{np.mean(validation_returns[rule]):.1f}, held-out {np.mean(eval_returns[rule]):.1f}")
+  validation_returns, eval_returns, eval_seconds = _rule_returns(
+      config, agent, params, key_validation, key_eval, log)
 
   half = config.probe_episodes // 2  # the first half fits the probe, the second scores
   errors = agent.call_compiled(
@@ -146,7 +133,7 @@ def train(config: PlanetConfig, agent: Agent | None = None,
           :, config.open_loop_context:config.open_loop_context + config.open_loop_steps]))),
       "velocity_probe_r2": r2,
       "final_weight_kl": float(agent.weight_kl(params)),
-      "final_stddev_ratio": diagnostics.stddev_ratios(params, fan_in_scaled),
+      "final_stddev_ratio": curve["stddev_ratio"][-1],  # measured on the final parameters
       "shared_fit": diagnostics.shared_fit(
           lambda key, deterministic: fit_on_probe(params, key, deterministic), config.bayesian,
           jax.random.fold_in(key_probe, config.probe_episodes + 1)),
@@ -158,6 +145,28 @@ def train(config: PlanetConfig, agent: Agent | None = None,
       "train_step_memory": agent.memory,
       "wall_seconds": wall_seconds,
   }
+
+
+def _rule_returns(config: PlanetConfig, agent: Agent, params, key_validation: Array,
+                  key_eval: Array, log: Callable[[str], None]) -> tuple[dict, dict, dict]:
+  """Every decision rule's returns, without noise, from the validation and the held-out
+  start states, and its seconds per held-out episode (compiles excluded)."""
+  validation_returns, eval_returns, eval_seconds = {}, {}, {}
+  for rule in config.decision_rules:
+    validation_returns[rule] = [
+        _blocked(agent.policy_episode(params, jax.random.fold_in(key_validation, index), 0.0,
+                                      rule)).total_return
+        for index in range(config.validation_episodes)]
+    compiled, tic = agent.compile_seconds, time.perf_counter()
+    eval_returns[rule] = [
+        _blocked(agent.policy_episode(params, jax.random.fold_in(key_eval, index), 0.0,
+                                      rule)).total_return
+        for index in range(config.eval_episodes)]
+    eval_seconds[rule] = ((time.perf_counter() - tic - (agent.compile_seconds - compiled))
+                          / config.eval_episodes)
+    log(f"{config.estimator} seed {config.seed} rule {rule}: validation "
+        f"{np.mean(validation_returns[rule]):.1f}, held-out {np.mean(eval_returns[rule]):.1f}")
+  return validation_returns, eval_returns, eval_seconds
 
 
 def _probe_fit(agent: Agent, probe: dict[str, Array], key: Array):
