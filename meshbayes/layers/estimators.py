@@ -43,6 +43,9 @@ def _threefry(key: Array) -> bool:
 # The name of the local reparameterization's float32 output variance: a checkpoint policy
 # that saves it (``regenerating``'s ``policy``) spares the backward pass its matmul.
 VARIANCE_NAME = "local_reparameterization_variance"
+# The name of the keys an estimator splits from its own: ``regenerating`` keeps them (a
+# few bytes), so the backward pass does not split again (two small kernels a call on GPUs).
+KEYS_NAME = "estimator_keys"
 
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))  # Threefry-2x32's (Salmon et al., 2011)
 
@@ -65,25 +68,47 @@ def threefry2x32(key1: Array, key2: Array, count1: Array, count2: Array) -> tupl
   return x0, x1
 
 
-def random_words(key: Array, shape: Sequence[int]) -> Array:
-  """Uniform random ``uint32`` words, two from each threefry block.
-
-  Block ``i`` (counted over ``shape`` with its last axis halved) fills
-  positions ``2i`` and ``2i + 1`` of the last axis, so the words of a shard
-  depend only on the shard's own positions. Other key implementations, an odd
-  last axis and arrays of ``2**33`` words or more go to ``jax.random.bits``.
-  """
-  shape = tuple(shape)
-  if not shape or shape[-1] % 2 or math.prod(shape) >= 2 ** 33 or not _threefry(key):
-    return jax.random.bits(key, shape, jnp.uint32)
+def _words_by_block(data: Array, shape: tuple[int, ...]) -> Array:
+  # Each block hashed once and its two words interleaved: half the hashing (CPU, TPU).
   half = shape[:-1] + (shape[-1] // 2,)
   counter, stride = jnp.zeros(half, jnp.uint32), 1
   for axis in reversed(range(len(half))):
     counter = counter + lax.broadcasted_iota(jnp.uint32, half, axis) * np.uint32(stride)
     stride *= half[axis]
-  data = jax.random.key_data(key)
   first, second = threefry2x32(data[..., 0], data[..., 1], jnp.zeros_like(counter), counter)
   return jnp.stack([first, second], axis=-1).reshape(shape)
+
+
+def _words_by_position(data: Array, shape: tuple[int, ...]) -> Array:
+  # The same words, each position hashing its block and keeping its word: elementwise, so
+  # XLA's GPU fusion folds the draw into its consumer instead of writing the words (and
+  # the interleaved normals) to memory; twice the hashing, which a GPU has to spare.
+  last = lax.broadcasted_iota(jnp.uint32, shape, len(shape) - 1)
+  counter, stride = last >> np.uint32(1), shape[-1] // 2
+  for axis in reversed(range(len(shape) - 1)):
+    counter = counter + lax.broadcasted_iota(jnp.uint32, shape, axis) * np.uint32(stride)
+    stride *= shape[axis]
+  first, second = threefry2x32(data[..., 0], data[..., 1], jnp.zeros_like(counter), counter)
+  return jnp.where((last & np.uint32(1)) == 0, first, second)
+
+
+def random_words(key: Array, shape: Sequence[int]) -> Array:
+  """Uniform random ``uint32`` words, two from each threefry block.
+
+  Block ``i`` (counted over ``shape`` with its last axis halved) fills
+  positions ``2i`` and ``2i + 1`` of the last axis, so the words of a shard
+  depend only on the shard's own positions. The words are the same on every
+  platform; on GPUs they are computed position by position, which fuses into
+  their consumer. Other key implementations, an odd last axis and arrays of
+  ``2**33`` words or more go to ``jax.random.bits``.
+  """
+  shape = tuple(shape)
+  if not shape or shape[-1] % 2 or math.prod(shape) >= 2 ** 33 or not _threefry(key):
+    return jax.random.bits(key, shape, jnp.uint32)
+  by_block = functools.partial(_words_by_block, shape=shape)
+  by_position = functools.partial(_words_by_position, shape=shape)
+  return lax.platform_dependent(jax.random.key_data(key), cuda=by_position,
+                                rocm=by_position, default=by_block)
 
 
 def standard_normal(key: Array, shape: Sequence[int], dtype=jnp.float32) -> Array:
@@ -140,6 +165,11 @@ class Normal(NamedTuple):
     return self.loc + self.stddev * eps
 
 
+def _split(key: Array, num: int) -> Array:
+  """``jax.random.split(key, num)``, named ``KEYS_NAME`` for checkpoint policies."""
+  return checkpoint_name(jax.random.split(key, num), KEYS_NAME)
+
+
 def posterior_mean(contract: Contract, inputs: Array, kernel: Normal,
                    bias: Normal | None = None) -> Array:
   """The output under the posterior mean: ``contract(x, kernel.loc) + bias.loc``."""
@@ -166,7 +196,7 @@ def reparameterization(key: Array, contract: Contract, inputs: Array, kernel: No
   Returns:
     The outputs under the sampled weights.
   """
-  key_kernel, key_bias = jax.random.split(key)
+  key_kernel, key_bias = _split(key, 2)
   outputs = contract(inputs, kernel.sample(key_kernel, constrain_kernel).astype(inputs.dtype))
   if bias is not None:
     outputs = outputs + bias.sample(key_bias).astype(inputs.dtype)
@@ -200,7 +230,7 @@ def flipout(key: Array, contract: Contract, inputs: Array, kernel: Normal,
   Returns:
     The perturbed outputs.
   """
-  key_eps, key_in, key_out, key_bias = jax.random.split(key, 4)
+  key_eps, key_in, key_out, key_bias = _split(key, 4)
   dtype = inputs.dtype
   sign_shape = lambda shape: tuple(1 if a in shared_axes else n for a, n in enumerate(shape))
   eps = constrain_kernel(standard_normal(key_eps, kernel.loc.shape, kernel.loc.dtype))
@@ -294,7 +324,7 @@ def lookup_flipout(key: Array, ids: Array, table: Normal,
   With a one-hot input the input sign only flips the one selected row, so the
   two signs of Flipout combine into one output sign ``r`` per token and feature.
   """
-  key_eps, key_sign = jax.random.split(key)
+  key_eps, key_sign = _split(key, 2)
   eps = constrain_table(standard_normal(key_eps, table.loc.shape, table.loc.dtype))
   perturbation = jnp.take(table.stddev * eps, ids, axis=0)
   sign = rademacher(key_sign, perturbation.shape, perturbation.dtype)
@@ -324,16 +354,17 @@ def _recomputed(posterior: Normal | None) -> Normal | None:
 
 
 def regenerating(estimator: Estimator,
-                 policy: Callable[..., bool] = jax.checkpoint_policies.nothing_saveable
-                 ) -> Estimator:
+                 policy: Callable[..., bool] = jax.checkpoint_policies.save_only_these_names(
+                     KEYS_NAME)) -> Estimator:
   """``estimator`` with its noise drawn again in the backward pass instead of kept.
 
   The backward pass recomputes the noise, and all computed from it, from the
   key; it keeps only the estimator's arguments (inputs, ``loc``, ``scale``, key),
-  which the deterministic layer keeps too. Outputs and gradients equal the
-  estimator's to float rounding; the cost is that forward work done again.
-  Works for the linear-map estimators and the lookups alike. ``policy`` is
-  ``jax.checkpoint``'s (``save_only_these_names(VARIANCE_NAME)`` keeps the variance).
+  which the deterministic layer keeps too, and the keys split from the key
+  (``KEYS_NAME``). Outputs and gradients equal the estimator's to float rounding;
+  the cost is that forward work done again. Works for the linear-map estimators
+  and the lookups alike. ``policy`` is ``jax.checkpoint``'s
+  (``save_only_these_names(KEYS_NAME, VARIANCE_NAME)`` keeps the variance too).
   """
 
   @functools.wraps(estimator)

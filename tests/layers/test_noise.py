@@ -66,6 +66,14 @@ def test_draws_are_deterministic_and_differ_between_keys():
   np.testing.assert_array_equal(np.asarray(batched[1]), draw(b))
 
 
+@pytest.mark.parametrize("shape", [(4, 6), (3, 5, 8), (2, 64)])
+def test_the_gpu_words_position_by_position_are_the_block_words(shape):
+  # GPUs compute each position's word on its own (it fuses into the consumer): the same bits.
+  data = jax.random.key_data(jax.random.key(8))
+  np.testing.assert_array_equal(np.asarray(estimators._words_by_position(data, shape)),
+                                np.asarray(estimators._words_by_block(data, shape)))
+
+
 def test_other_key_implementations_use_jax_random():
   key = jax.random.key(5, impl="rbg")
   np.testing.assert_array_equal(np.asarray(estimators.random_words(key, (4, 8))),

@@ -13,6 +13,7 @@ import io
 
 import flax.linen as nn
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -31,6 +32,14 @@ BAYESIAN = BAYESIAN_ESTIMATORS
 def _matmul(x, kernel, preferred_element_type=None):
   return lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())),
                          preferred_element_type=preferred_element_type)
+
+
+def _equations(jaxpr):
+  """Every equation of ``jaxpr`` and of the jaxprs inside it."""
+  for eqn in jaxpr.eqns:
+    yield eqn
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      yield from _equations(sub)
 
 
 def _kept(fn, *args):
@@ -90,6 +99,23 @@ def test_a_policy_keeps_the_local_reparameterizations_variance_and_skips_its_mat
   np.testing.assert_allclose(new, ref, rtol=1e-6)
   for got, want in zip(new_grads, ref_grads):
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", ["reparameterization", "flipout"])
+def test_the_backward_pass_reuses_the_split_keys(name):
+  """The keys split from the estimator's key are kept (``KEYS_NAME``): the gradient's program
+  splits once, where without the policy the backward pass splits again."""
+  x, loc, scale = jnp.ones((8, 32)), jnp.full((32, 48), 0.1), jnp.full((32, 48), -2.0)
+
+  def splits(estimator):
+    loss = lambda x, loc, scale: estimator(jax.random.key(0), _matmul, x, estimators.Normal(
+        loc, stddev_of_scale(scale), scale)).sum()
+    jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(x, loc, scale).jaxpr
+    return sum(eqn.primitive.name == "random_split" for eqn in _equations(jaxpr))
+
+  nothing_kept = estimators.regenerating(estimators.STORED["DENSE"][name],
+                                         policy=jax.checkpoint_policies.nothing_saveable)
+  assert (splits(estimators.DENSE[name]), splits(nothing_kept)) == (1, 2)
 
 
 def test_swapped_tables_hold_within_the_block_only():
