@@ -14,6 +14,7 @@ from meshbayes.layers import estimators
 from meshbayes.layers.attention import (
                                     MultiHeadDotProductAttention,
                                     MultiHeadDotProductAttentionFlipout,
+                                    MultiHeadDotProductAttentionGroupedReparameterization,
                                     MultiHeadDotProductAttentionLocalReparameterization,
                                     MultiHeadDotProductAttentionReparameterization,
                                     attention_class,
@@ -28,13 +29,16 @@ from meshbayes.layers.conv import (
 )
 from meshbayes.layers.counting import ParameterCounts, count_parameters
 from meshbayes.layers.dense import (
+                                    DENSE_ESTIMATORS,
                                     ESTIMATORS,
                                     Dense,
                                     DenseFlipout,
                                     DenseGeneral,
                                     DenseGeneralFlipout,
+                                    DenseGeneralGroupedReparameterization,
                                     DenseGeneralLocalReparameterization,
                                     DenseGeneralReparameterization,
+                                    DenseGroupedReparameterization,
                                     DenseLocalReparameterization,
                                     DenseReparameterization,
                                     dense_class,

@@ -4,7 +4,8 @@ Each takes flax's arguments and call; ``query``, ``key``, ``value`` and ``out``
 are ``DenseGeneral`` projections of the class's estimator, each recording its
 KL. ``deterministic`` means posterior-mean projections and no dropout. Beyond
 flax: ``bias`` on the logits and ``activation_axes``. ``MultiHeadDotProductAttention``
-is the deterministic twin; ``attention_class(estimator)`` picks by name.
+is the deterministic twin; ``attention_class(estimator)`` picks by name (any of
+``DENSE_ESTIMATORS``: the projections are Dense layers).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from meshbayes.layers.dense import ESTIMATORS, dense_general_class
+from meshbayes.layers.dense import DENSE_ESTIMATORS, dense_general_class
 from meshbayes.layers.initializers import constant_stddev, fan_in_stddev
 from meshbayes.layers.priors import NormalPrior, Prior
 from meshbayes.layers.variational import Axes, Initializer
@@ -73,6 +74,8 @@ class _Attention(nn.Module):
     one_sample_per_example: Flipout only: each example sees one weight sample
       at all its positions (see ``DenseGeneralFlipout``).
     noise_dtype: the projections' ``noise_dtype`` (None: float32; see ``Dense``).
+    num_weight_groups: grouped reparameterization only: the projections' weight
+      samples per call, one per equal group of the batch (see ``Dense``).
   """
 
   num_heads: int
@@ -102,6 +105,7 @@ class _Attention(nn.Module):
   prior: Prior = NormalPrior()
   one_sample_per_example: bool = False
   noise_dtype: Any = None
+  num_weight_groups: int = 1
 
   estimator: ClassVar[str]
 
@@ -149,7 +153,8 @@ class _Attention(nn.Module):
         precision=self.precision, use_bias=self.use_bias,
         kernel_stddev_init=self.kernel_stddev_init, bias_stddev_init=self.bias_stddev_init,
         bayesian_bias=self.bayesian_bias, prior=self.prior,
-        one_sample_per_example=self.one_sample_per_example, noise_dtype=self.noise_dtype)
+        one_sample_per_example=self.one_sample_per_example, noise_dtype=self.noise_dtype,
+        num_weight_groups=self.num_weight_groups)
     qkv_axes = self.qkv_kernel_axes
     projection = functools.partial(
         dense, features=(self.num_heads, head_dim), axis=-1, kernel_init=self.kernel_init,
@@ -314,9 +319,32 @@ class MultiHeadDotProductAttentionLocalReparameterization(_Attention):
   estimator = "local_reparameterization"
 
 
-_ATTENTION = dict(zip(ESTIMATORS, (
+class MultiHeadDotProductAttentionGroupedReparameterization(_Attention):
+  """Multi-head attention whose projections draw one weight sample per batch group.
+
+  Example (two groups of one example each)::
+
+    >>> import jax, jax.numpy as jnp
+    >>> from meshbayes.layers.attention import (
+    ...     MultiHeadDotProductAttentionGroupedReparameterization)
+    >>> layer = MultiHeadDotProductAttentionGroupedReparameterization(num_heads=2,
+    ...                                                               num_weight_groups=2)
+    >>> x = jnp.ones((2, 5, 6))
+    >>> variables = layer.init(jax.random.key(0), x)
+    >>> y = layer.apply(variables, x, rngs={'sample': jax.random.key(1)})
+    >>> y.shape, bool(jnp.any(y[0] != y[1]))
+    ((2, 5, 6), True)
+
+  Attributes are those of ``_Attention``.
+  """
+
+  estimator = "grouped_reparameterization"
+
+
+_ATTENTION = dict(zip(DENSE_ESTIMATORS, (
     MultiHeadDotProductAttention, MultiHeadDotProductAttentionReparameterization,
-    MultiHeadDotProductAttentionFlipout, MultiHeadDotProductAttentionLocalReparameterization)))
+    MultiHeadDotProductAttentionFlipout, MultiHeadDotProductAttentionLocalReparameterization,
+    MultiHeadDotProductAttentionGroupedReparameterization)))
 
 
 def attention_class(estimator: str) -> type[_Attention]:
@@ -327,5 +355,5 @@ def attention_class(estimator: str) -> type[_Attention]:
   """
   if estimator not in _ATTENTION:
     raise ValueError(f"attention_class: estimator={estimator!r} is not one of "
-                     f"{', '.join(ESTIMATORS)}")
+                     f"{', '.join(_ATTENTION)}")
   return _ATTENTION[estimator]

@@ -4,7 +4,8 @@ Each takes its flax twin's arguments and call; the kernel becomes ``kernel_loc``
 and ``kernel_scale`` with the twin's shape and logical axes, sampled from the
 ``'sample'`` rng (``deterministic=True``: the posterior mean), its KL recorded in
 ``'losses'``. ``Dense`` and ``DenseGeneral`` are the deterministic twins;
-``dense_class(estimator)`` picks a class by name.
+``dense_class(estimator)`` picks a class by name (``DENSE_ESTIMATORS``: the
+shared ``ESTIMATORS`` and the Dense-only grouped reparameterization).
 """
 
 from __future__ import annotations
@@ -101,7 +102,12 @@ class _Linear(nn.Module):
     noise_dtype: dtype of the activation-sized noise work (None: as written, float32):
       local reparameterization's variance, its square root and noise, Flipout's
       weight perturbation; the compute dtype (``'bfloat16'``) halves their bytes
-      (``estimators``). Reparameterization draws weight-sized noise only: unaffected.
+      (``estimators``). The reparameterizations draw weight-sized noise only: unaffected.
+    num_weight_groups: grouped reparameterization only: the batch (axis 0) is cut
+      into this many equal groups, each contracted with its own weight sample (1:
+      one sample per call; the batch size: one per example; the number of data
+      shards: one per shard, drawn where it is used). It must divide the batch;
+      the other Bayesian estimators refuse any value but 1.
   """
 
   features: int | Sequence[int]
@@ -120,6 +126,7 @@ class _Linear(nn.Module):
   deterministic: bool | None = None
   one_sample_per_example: bool = False
   noise_dtype: Any = None
+  num_weight_groups: int = 1
 
   estimator: ClassVar[str | None]
 
@@ -150,6 +157,7 @@ class _Linear(nn.Module):
     if per_example and axis != tuple(range(inputs.ndim - len(axis), inputs.ndim)):
       raise ValueError(f"{type(self).__name__} {self.name!r}: one_sample_per_example=True "
                        f"needs the contracted axes last, not axis={axis}")
+    self._check_weight_groups(inputs)
     kernel_shape = tuple(inputs.shape[a] for a in axis) + features
     flat_kernel = lambda s: (math.prod(s[:len(axis)]), math.prod(s[len(axis):]))
     loc_init = reshaped_init(self.kernel_init, flat_kernel)
@@ -193,13 +201,43 @@ class _Linear(nn.Module):
       if per_example:  # batch axis 0, then the positions, in inputs and outputs alike
         estimator = functools.partial(
             estimator, shared_axes=tuple(range(1, inputs.ndim - len(axis))))
-      if self.noise_dtype is not None and self.estimator != "reparameterization":
+      if self.noise_dtype is not None and self.estimator in _ACTIVATION_NOISE:
         estimator = functools.partial(estimator, noise_dtype=jnp.dtype(self.noise_dtype))
+      if self.estimator == "grouped_reparameterization":
+        estimator = functools.partial(estimator, num_groups=self.num_weight_groups,
+                                      constrain_samples=_constrain_samples(kernel_box))
       outputs = estimator(self.make_rng("sample"), contract, inputs, kernel, bias,
                           constrain_like(kernel_box))
     if deterministic_bias is not None:
       outputs = outputs + deterministic_bias.astype(dtype)
     return outputs
+
+  def _check_weight_groups(self, inputs: Array) -> None:
+    groups, owner = self.num_weight_groups, f"{type(self).__name__} {self.name!r}"
+    if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
+      raise ValueError(f"{owner}: num_weight_groups={groups!r} must be a positive int")
+    if groups == 1 or self.estimator is None:  # the deterministic twin ignores it
+      return
+    if self.estimator != "grouped_reparameterization":
+      raise ValueError(f"{owner}: num_weight_groups={groups} needs the grouped "
+                       f"reparameterization; estimator {self.estimator!r} takes only 1")
+    batch = inputs.shape[0] if inputs.ndim else 0
+    if batch % groups:
+      raise ValueError(f"{owner}: num_weight_groups={groups} does not divide the batch of "
+                       f"{batch} examples (inputs {tuple(inputs.shape)}); use a divisor of it")
+
+
+# The estimators whose activation-sized noise work takes ``noise_dtype``.
+_ACTIVATION_NOISE = ("flipout", "local_reparameterization")
+
+
+def _constrain_samples(kernel_box: Any) -> estimators.Constrain:
+  """Places per-group kernel samples: the group axis like the batch, the rest like the
+  kernel (the identity when the kernel has no logical axes)."""
+  if not isinstance(kernel_box, nn.LogicallyPartitioned):
+    return lambda x: x
+  return functools.partial(nn.with_logical_constraint,
+                           logical_axis_resources=("batch",) + tuple(kernel_box.names))
 
 
 class Dense(_Linear):
@@ -283,6 +321,29 @@ class DenseLocalReparameterization(_Linear):
   """
 
   estimator = "local_reparameterization"
+
+
+class DenseGroupedReparameterization(_Linear):
+  """``nn.Dense`` with a normal kernel posterior, one weight sample per batch group.
+
+  ``num_weight_groups`` equal consecutive groups of the batch each see their own
+  sample, in one batched matmul (``estimators.grouped_reparameterization``).
+
+  Example (two groups of two examples; each group's examples share a sample)::
+
+    >>> import jax, jax.numpy as jnp
+    >>> from meshbayes.layers import DenseGroupedReparameterization
+    >>> layer = DenseGroupedReparameterization(features=3, num_weight_groups=2)
+    >>> x = jnp.ones((4, 5))
+    >>> variables = layer.init(jax.random.key(0), x)
+    >>> y = layer.apply(variables, x, rngs={'sample': jax.random.key(1)})
+    >>> bool(jnp.all(y[0] == y[1])), bool(jnp.any(y[1] != y[2]))
+    (True, True)
+
+  Attributes are those of ``_Linear``; ``features`` is an int.
+  """
+
+  estimator = "grouped_reparameterization"
 
 
 class _DenseGeneralBase(_Linear):
@@ -375,21 +436,49 @@ class DenseGeneralLocalReparameterization(_DenseGeneralBase):
   estimator = "local_reparameterization"
 
 
+class DenseGeneralGroupedReparameterization(_DenseGeneralBase):
+  """``nn.DenseGeneral`` with a normal kernel posterior, one weight sample per batch group.
+
+  Example (an attention query projection, one sample per example of three)::
+
+    >>> import jax, jax.numpy as jnp, flax.linen as nn
+    >>> from meshbayes.layers import DenseGeneralGroupedReparameterization
+    >>> query = DenseGeneralGroupedReparameterization(
+    ...     features=(2, 4), use_bias=False, kernel_axes=('embed', 'heads', 'kv'),
+    ...     num_weight_groups=3)
+    >>> x = jnp.ones((3, 5, 8))
+    >>> variables = query.init(jax.random.key(0), x)
+    >>> nn.get_partition_spec(variables)['params']['kernel_loc']
+    P('embed', 'heads', 'kv')
+    >>> query.apply(variables, x, rngs={'sample': jax.random.key(1)}).shape
+    (3, 5, 2, 4)
+
+  Attributes are those of ``_DenseGeneralBase``.
+  """
+
+  estimator = "grouped_reparameterization"
+
+
+# The estimators every layer family offers; the Dense layers also the grouped one.
 ESTIMATORS = ("deterministic", "reparameterization", "flipout", "local_reparameterization")
-_DENSE = dict(zip(ESTIMATORS, (Dense, DenseReparameterization, DenseFlipout,
-                               DenseLocalReparameterization)))
-_DENSE_GENERAL = dict(zip(ESTIMATORS, (DenseGeneral, DenseGeneralReparameterization,
-                                       DenseGeneralFlipout, DenseGeneralLocalReparameterization)))
+DENSE_ESTIMATORS = ESTIMATORS + ("grouped_reparameterization",)
+_DENSE = dict(zip(DENSE_ESTIMATORS, (Dense, DenseReparameterization, DenseFlipout,
+                                     DenseLocalReparameterization,
+                                     DenseGroupedReparameterization)))
+_DENSE_GENERAL = dict(zip(DENSE_ESTIMATORS, (
+    DenseGeneral, DenseGeneralReparameterization, DenseGeneralFlipout,
+    DenseGeneralLocalReparameterization, DenseGeneralGroupedReparameterization)))
 
 
 def _lookup(table: dict[str, type[_Linear]], estimator: str, what: str) -> type[_Linear]:
   if estimator not in table:
-    raise ValueError(f"{what}: estimator={estimator!r} is not one of {', '.join(ESTIMATORS)}")
+    raise ValueError(f"{what}: estimator={estimator!r} is not one of {', '.join(table)}")
   return table[estimator]
 
 
 def dense_class(estimator: str) -> type[_Linear]:
-  """The Dense class of an estimator name (``'deterministic'``, ``'flipout'``, ...).
+  """The Dense class of an estimator name (``'deterministic'``, ``'flipout'``, ...;
+  ``DENSE_ESTIMATORS``).
 
   >>> dense_class('flipout').__name__
   'DenseFlipout'

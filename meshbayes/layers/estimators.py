@@ -203,6 +203,58 @@ def reparameterization(key: Array, contract: Contract, inputs: Array, kernel: No
   return outputs
 
 
+def grouped_reparameterization(key: Array, contract: Contract, inputs: Array, kernel: Normal,
+                               bias: Normal | None = None,
+                               constrain_kernel: Constrain = _identity, *, num_groups: int,
+                               constrain_samples: Constrain = _identity) -> Array:
+  """One weight sample per group: group ``g`` contracts with ``loc + stddev * eps_g``.
+
+  The batch (axis 0 of the inputs) is cut into ``num_groups`` equal consecutive
+  groups; one batched matmul contracts each with its own sample, so the matmul
+  FLOPs are the deterministic layer's. ``eps`` is one ``(num_groups, *kernel)``
+  draw, whose words depend on positions only: a device holding some groups draws
+  only theirs. The keys are split as ``reparameterization`` splits them, so
+  ``num_groups=1`` is that estimator bit for bit; ``num_groups`` = batch gives
+  each example its own sample. A Bayesian bias gets one sample per group too.
+
+  Args:
+    key: PRNG key.
+    contract: the layer's linear map.
+    inputs: activations in the compute dtype, the batch on axis 0.
+    kernel: the kernel's posterior.
+    bias: a Bayesian bias's posterior, or None.
+    constrain_kernel: unused (the samples are placed by ``constrain_samples``);
+      accepted so all estimators share one signature.
+    num_groups: how many weight samples; must divide the batch.
+    constrain_samples: places the ``(num_groups, *kernel)`` samples: the group
+      axis like the batch, the rest like the kernel (each group's sample then
+      lives with its data shard).
+
+  Returns:
+    The outputs under each group's sampled weights.
+  """
+  del constrain_kernel
+  batch = inputs.shape[0] if inputs.ndim else 0
+  if (not isinstance(num_groups, int) or isinstance(num_groups, bool) or num_groups < 1
+      or batch % num_groups):
+    raise ValueError(f"grouped_reparameterization: num_groups={num_groups!r} must be a "
+                     f"positive int that divides the batch of {batch} examples")
+  key_kernel, key_bias = _split(key, 2)
+  dtype = inputs.dtype
+  eps = constrain_samples(standard_normal(key_kernel, (num_groups,) + kernel.loc.shape,
+                                          kernel.loc.dtype))
+  samples = (kernel.loc + kernel.stddev * eps).astype(dtype)
+  grouped = inputs.reshape((num_groups, batch // num_groups) + inputs.shape[1:])
+  outputs = jax.vmap(contract)(grouped, samples)
+  if bias is not None:
+    bias_eps = standard_normal(key_bias, (num_groups,) + bias.loc.shape, bias.loc.dtype)
+    bias_samples = (bias.loc + bias.stddev * bias_eps).astype(dtype)
+    # Each group's bias sample, broadcast over its examples and positions.
+    middle = (1,) * (outputs.ndim - 1 - bias.loc.ndim)
+    outputs = outputs + bias_samples.reshape((num_groups,) + middle + bias.loc.shape)
+  return outputs.reshape((batch,) + outputs.shape[2:])
+
+
 def flipout(key: Array, contract: Contract, inputs: Array, kernel: Normal,
             bias: Normal | None = None, constrain_kernel: Constrain = _identity,
             shared_axes: Sequence[int] = (), noise_dtype: Any = None) -> Array:
@@ -390,7 +442,8 @@ def regenerating(estimator: Estimator,
 # ones are checked and measured against.
 STORED = {
     "DENSE": {"reparameterization": reparameterization, "flipout": flipout,
-              "local_reparameterization": local_reparameterization},
+              "local_reparameterization": local_reparameterization,
+              "grouped_reparameterization": grouped_reparameterization},
     "CONV": {"reparameterization": reparameterization, "flipout": conv_flipout,
              "local_reparameterization": local_reparameterization},
     "LOOKUP": {"reparameterization": lookup_reparameterization, "flipout": lookup_flipout,
