@@ -19,7 +19,7 @@ import jax
 from flax import traverse_util
 
 from meshbayes.layers.conv import conv_class
-from meshbayes.layers.dense import ESTIMATORS, dense_class, dense_general_class
+from meshbayes.layers.dense import DENSE_ESTIMATORS, ESTIMATORS, dense_class, dense_general_class
 from meshbayes.layers.embed import embed_class
 from meshbayes.layers.lstm import lstm_cell_class
 from meshbayes.layers.moped import moped_params
@@ -36,14 +36,23 @@ _TWINS: dict[str, tuple[type[nn.Module], Callable[[str], type[nn.Module]]]] = {
     "LSTMCell": (nn.LSTMCell, lstm_cell_class),
 }
 _DETERMINISTIC = "deterministic"
+_GROUPED = "grouped_reparameterization"
+# The layer types whose twins offer more than ``ESTIMATORS``: the Dense layers, the grouped one.
+_DENSE_TYPES = ("Dense", "DenseGeneral")
+
+
+def _offered(name: str) -> tuple[str, ...]:
+  return DENSE_ESTIMATORS if name in _DENSE_TYPES else ESTIMATORS
 
 
 def _layer_estimators(estimator: str | Mapping[str | type, str]) -> tuple[tuple[str, str], ...]:
   """``(layer type name, estimator)`` pairs of the layer types to replace, validated."""
   if isinstance(estimator, str):
-    if estimator not in ESTIMATORS:
+    # The union of the families' estimators: one a type lacks (the grouped one for Conv) is
+    # an error only for a model that has a layer of that type, when it is met.
+    if estimator not in DENSE_ESTIMATORS:
       raise ValueError(f"bayesianize: estimator={estimator!r} is not one of "
-                       f"{', '.join(ESTIMATORS)}")
+                       f"{', '.join(DENSE_ESTIMATORS)}")
     chosen = {name: estimator for name in _TWINS}
   else:
     chosen = {(key.__name__ if isinstance(key, type) else key): value
@@ -51,9 +60,9 @@ def _layer_estimators(estimator: str | Mapping[str | type, str]) -> tuple[tuple[
   for name, value in chosen.items():
     if name not in _TWINS:
       raise ValueError(f"bayesianize: layer type {name!r} is not one of {', '.join(_TWINS)}")
-    if value not in ESTIMATORS:
+    if value not in _offered(name):
       raise ValueError(f"bayesianize: estimator={value!r} for {name} is not one of "
-                       f"{', '.join(ESTIMATORS)}")
+                       f"{', '.join(_offered(name))}")
   return tuple(sorted((n, e) for n, e in chosen.items() if e != _DETERMINISTIC))
 
 
@@ -95,6 +104,9 @@ class Bayesianized(nn.Module):
     bayesian_bias: give the biases of Dense and Conv layers a posterior too.
     deterministic: every Bayesian layer uses its posterior mean (one pass,
       no rng); None samples.
+    num_weight_groups: the weight samples per call of the layers whose estimator
+      is ``grouped_reparameterization`` (one per equal group of the batch; see
+      ``meshbayes.layers.Dense``); the other layers take none.
   """
 
   module: nn.Module
@@ -102,6 +114,7 @@ class Bayesianized(nn.Module):
   prior: Prior = NormalPrior()
   bayesian_bias: bool = False
   deterministic: bool | None = None
+  num_weight_groups: int = 1
 
   def setup(self):
     nn.share_scope(self, self.module)
@@ -145,6 +158,8 @@ class Bayesianized(nn.Module):
                             ("deterministic", self.deterministic)):
           if name in twin_fields:  # nn.Embed's twin has no bias
             attributes[name] = value
+        if getattr(twin_class, "estimator", None) == _GROUPED:
+          attributes["num_weight_groups"] = self.num_weight_groups
         twins[key] = layer, twin_class(**attributes, parent=layer.scope, name=layer.name)
       return getattr(twins[key][1], context.method_name)(*args, **kwargs)
 
@@ -154,7 +169,7 @@ class Bayesianized(nn.Module):
 
 def bayesianize(module: nn.Module, estimator: str | Mapping[str | type, str] = "flipout", *,
                 prior: Prior = NormalPrior(), bayesian_bias: bool = False,
-                deterministic: bool | None = None) -> Bayesianized:
+                deterministic: bool | None = None, num_weight_groups: int = 1) -> Bayesianized:
   """The Bayesian version of a flax model built from flax's own layers.
 
   Args:
@@ -163,10 +178,12 @@ def bayesianize(module: nn.Module, estimator: str | Mapping[str | type, str] = "
     estimator: one estimator name for every layer type (``'reparameterization'``,
       ``'flipout'``, ``'local_reparameterization'``), or a mapping from layer type
       (the flax class or its name, ``'Dense'``) to an estimator name; types left
-      out, or mapped to ``'deterministic'``, keep the flax layer.
+      out, or mapped to ``'deterministic'``, keep the flax layer. Dense and
+      DenseGeneral also take ``'grouped_reparameterization'``.
     prior: prior of every Bayesian weight.
     bayesian_bias: give Dense and Conv biases a posterior too.
     deterministic: use posterior means instead of sampling.
+    num_weight_groups: the grouped reparameterization's samples per call.
 
   Returns:
     A ``Bayesianized`` module, called with the model's arguments.
@@ -194,7 +211,8 @@ def bayesianize(module: nn.Module, estimator: str | Mapping[str | type, str] = "
     ((4, 2), True)
   """
   return Bayesianized(module, _layer_estimators(estimator), prior=prior,
-                      bayesian_bias=bayesian_bias, deterministic=deterministic)
+                      bayesian_bias=bayesian_bias, deterministic=deterministic,
+                      num_weight_groups=num_weight_groups)
 
 
 def moped_init(model: Bayesianized, deterministic_variables: Mapping[str, Any], *args: Any,

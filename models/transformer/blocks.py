@@ -22,7 +22,7 @@ from meshbayes.layers import (
     fan_in_stddev,
 )
 from meshbayes.layers.attention import attention_class
-from meshbayes.models.transformer.config import TransformerConfig
+from meshbayes.models.transformer.config import GROUPED, TransformerConfig
 
 Array = jax.Array
 
@@ -50,6 +50,15 @@ def dense_general(config: TransformerConfig, estimator: str, **kwargs) -> nn.Mod
       use_bias=False, dtype=compute_dtype(config),
       kernel_stddev_init=fan_in_stddev(config.posterior_stddev_ratio),
       prior=weight_prior(config), **kwargs)
+
+
+def weight_groups(config: TransformerConfig, component: str, deterministic: bool) -> int:
+  """The weight samples per call of a component's layers: ``num_weight_groups`` where its
+  estimator is the grouped reparameterization and it samples, else 1 (the other estimators
+  refuse any other value, and the posterior mean, one pass, takes a batch of any size)."""
+  if deterministic or getattr(config.estimators, component) != GROUPED:
+    return 1
+  return config.num_weight_groups
 
 
 class RMSNorm(nn.Module):
@@ -183,7 +192,8 @@ class MultiHeadAttention(nn.Module):
         kernel_stddev_init=fan_in_stddev(cfg.posterior_stddev_ratio),
         prior=weight_prior(cfg),
         one_sample_per_example=self.component in cfg.one_sample_per_sequence,
-        noise_dtype=cfg.noise_dtype)
+        noise_dtype=cfg.noise_dtype,
+        num_weight_groups=weight_groups(cfg, self.component, self.deterministic))
     nn.share_scope(self, self.attention)
 
   def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Array | None,
@@ -210,7 +220,8 @@ class MlpBlock(nn.Module):
     cfg = self.config
     init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
     sampling = {"one_sample_per_example": "mlp" in cfg.one_sample_per_sequence,
-                "noise_dtype": cfg.noise_dtype}
+                "noise_dtype": cfg.noise_dtype,
+                "num_weight_groups": weight_groups(cfg, "mlp", self.deterministic)}
     hidden = None
     for i, activation in enumerate(cfg.mlp_activations):
       name = "wi" if len(cfg.mlp_activations) == 1 else f"wi_{i}"

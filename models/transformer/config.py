@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from meshbayes.layers import ESTIMATORS
+from meshbayes.field_checks import positive_int
+from meshbayes.layers import DENSE_ESTIMATORS, ESTIMATORS
 
 ACTIVATIONS = ("relu", "gelu", "silu", "linear")
 REMAT_POLICIES = ("none", "full", "minimal")
@@ -12,12 +13,19 @@ DTYPES = ("float32", "bfloat16")
 ATTENTION_KERNELS = ("xla", "cudnn")
 SEQUENCE_SAMPLED = ("attention", "cross_attention", "mlp")
 PRIORS = ("normal", "fan_in", "empirical_bayes")
+GROUPED = "grouped_reparameterization"
+# The components built of Dense layers that take the number of weight groups from the
+# config (blocks.py); the embedding and the logits offer the estimators every family has.
+GROUPED_COMPONENTS = ("attention", "cross_attention", "mlp")
 
 
 @dataclasses.dataclass(frozen=True)
 class Estimators:
   """The estimator of each component: ``deterministic``, ``reparameterization``,
   ``flipout`` or ``local_reparameterization``.
+
+  The attention and feed-forward components also take ``grouped_reparameterization``
+  (one weight sample per group of the batch: ``TransformerConfig.num_weight_groups``).
 
   The defaults are the paper's Bayesian Transformer: Flipout attention,
   local-reparameterization feed-forward layers, deterministic embeddings and
@@ -42,9 +50,12 @@ class Estimators:
   def __post_init__(self):
     for field in dataclasses.fields(self):
       value = getattr(self, field.name)
-      if value not in ESTIMATORS:
+      allowed = DENSE_ESTIMATORS if field.name in GROUPED_COMPONENTS else ESTIMATORS
+      if value not in allowed:
+        only = (f" ({GROUPED} is for {', '.join(GROUPED_COMPONENTS)} only)"
+                if value == GROUPED else "")
         raise ValueError(f"Estimators: {field.name}={value!r} is not one of "
-                         f"{', '.join(ESTIMATORS)}")
+                         f"{', '.join(allowed)}{only}")
 
   @classmethod
   def deterministic(cls) -> Estimators:
@@ -54,6 +65,11 @@ class Estimators:
   @property
   def is_bayesian(self) -> bool:
     return any(getattr(self, f.name) != "deterministic" for f in dataclasses.fields(self))
+
+  @property
+  def grouped(self) -> tuple[str, ...]:
+    """The components whose estimator is the grouped reparameterization."""
+    return tuple(c for c in GROUPED_COMPONENTS if getattr(self, c) == GROUPED)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +125,13 @@ class TransformerConfig:
       ``bfloat16`` halves its bytes, a change of the numbers by rounding
       (``meshbayes.layers.Dense``'s ``noise_dtype``). Reparameterization and
       deterministic layers have none.
+    num_weight_groups: the grouped reparameterization's weight samples per call:
+      the batch the model is called with is cut into this many equal consecutive
+      groups, each seeing its own sample (1: one sample per call, reparameterization
+      bit for bit; the batch size: one per example; the data shards: one per shard,
+      drawn where its data is). It must divide that batch; a value other than 1
+      needs a component whose estimator is ``grouped_reparameterization``. The
+      posterior mean has no groups (any batch).
   """
 
   vocab_size: int = 32128
@@ -134,6 +157,7 @@ class TransformerConfig:
   posterior_stddev_ratio: float = 0.1
   one_sample_per_sequence: tuple[str, ...] = ()
   noise_dtype: str | None = None
+  num_weight_groups: int = 1
 
   def __post_init__(self):
     object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
@@ -182,6 +206,11 @@ class TransformerConfig:
         raise ValueError(f"TransformerConfig: {name}={getattr(self, name)!r} must be positive")
     if not isinstance(self.estimators, Estimators):
       raise ValueError(f"TransformerConfig: estimators={self.estimators!r} must be an Estimators")
+    positive_int("TransformerConfig", "num_weight_groups", self.num_weight_groups)
+    if self.num_weight_groups != 1 and not self.estimators.grouped:
+      raise ValueError(f"TransformerConfig: num_weight_groups={self.num_weight_groups} needs "
+                       f"a component ({', '.join(GROUPED_COMPONENTS)}) whose estimator is "
+                       f"{GROUPED}; with none it must be 1")
 
   @property
   def attention_weight_dropout(self) -> float:
