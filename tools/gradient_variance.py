@@ -1,7 +1,7 @@
 """Measure the ELBO gradient's variance over weight-noise draws, estimator by estimator.
 
 For one batch of a training recipe (default ``uncertainty/bayesian.gin``, the CPU
-experiment's Bayesian model; the first examples of its training split when ``make data``
+experiment's Bayesian model; 32 examples drawn from its training split when ``make data``
 ran, else a synthetic batch) and one set of parameters (at initialization, or a run's
 newest checkpoint), the gradient under ``--num_draws`` weight-noise keys, the dropout
 masks held fixed, for: the posterior mean (deterministic: no variance), the paper's
@@ -68,14 +68,30 @@ def _prepared(task: str) -> bool:
   return tatoeba.read_manifest(paths.data_dir()) is not None
 
 
-def _task_batch(task: str, lengths: Mapping[str, int], batch_size: int) -> dict[str, np.ndarray]:
-  """The first ``batch_size`` examples of ``task``'s training split in the file's order
-  (read as the evaluation reads a split: truncated, EOS kept)."""
+# The examples a task batch is drawn from: the first POOL_BATCHES batches of the split.
+POOL_BATCHES = 64
+
+
+def _task_batch(task: str, lengths: Mapping[str, int], batch_size: int,
+                seed: int) -> dict[str, np.ndarray]:
+  """``batch_size`` examples drawn at random (``seed``) from the first ``POOL_BATCHES``
+  batches of ``task``'s training split (read as the evaluation reads a split: truncated,
+  EOS kept). Not the first examples: neighbours in the file are often translations of one
+  sentence, and groups of near-duplicates would share their gradient noise."""
   from meshbayes.data.pipeline import TaskData
   from meshbayes.partitioning import DataLayout
 
   data = TaskData(task, dict(lengths), batch_size, shuffle=False)
-  return next(iter(data.eval_batches(DataLayout(batch_size), "train")))
+  pool: dict[str, list[np.ndarray]] = {}
+  for index, batch in enumerate(data.eval_batches(DataLayout(batch_size), "train")):
+    if index == POOL_BATCHES:
+      break
+    for name, value in batch.items():
+      pool.setdefault(name, []).append(np.asarray(value))
+  examples = {name: np.concatenate(values) for name, values in pool.items()}
+  count = len(next(iter(examples.values())))
+  chosen = np.random.default_rng(seed).choice(count, size=min(batch_size, count), replace=False)
+  return {name: value[chosen] for name, value in examples.items()}
 
 
 def _parse_gin(files: Sequence[Path], bindings: Sequence[str]) -> None:
@@ -108,7 +124,7 @@ def load_setup(gin_file: str, bindings: Sequence[str] = (), preset: str | None =
     preset: a size preset of ``gin_configs/models/`` included after the recipe (its
       model with the recipe's vocabulary; the recipe's data, batch, KL weight and divisor).
     batch_size: examples in the batch (None: the recipe's ``BATCH_SIZE``).
-    data: ``task``, the first examples of the recipe's training split; ``synthetic``,
+    data: ``task``, examples of the recipe's training split (``_task_batch``); ``synthetic``,
       a synthetic reverse batch (``synthetic_batch``); ``auto``, the task's if its data
       is prepared (``make data``), else synthetic (the KL divisor then the synthetic
       task's).
@@ -153,7 +169,7 @@ def load_setup(gin_file: str, bindings: Sequence[str] = (), preset: str | None =
   if batch_size < 1:
     raise ValueError(f"--batch_size={batch_size}: must be a positive int")
   batch = (synthetic_batch(batch_size, lengths, seed) if synthetic
-           else _task_batch(task, lengths, batch_size))
+           else _task_batch(task, lengths, batch_size, seed))
   batch = {name: jnp.asarray(value) for name, value in batch.items()}
   shapes = {name: value.shape for name, value in batch.items()}
   if checkpoint_dir is None:

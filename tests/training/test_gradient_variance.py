@@ -198,3 +198,22 @@ def test_the_tool_refuses_a_group_count_that_does_not_divide_the_batch(capsys):
     tool.main([*TOY, "--group_counts=3"])
   assert str(exit_.value) == ("gradient_variance: error: compare_estimators: group count 3 does "
                               "not divide the batch of 4 examples; use divisors of it")
+
+
+@pytest.mark.skipif(not tool._prepared("tatoeba_enfr_20k"), reason="make data has not run")
+def test_a_task_batch_is_drawn_at_random_from_the_pool_not_the_files_first_lines():
+  """Tatoeba lists the translations of one sentence together: the first 32 lines hold few
+  distinct sources, a draw from the first 64 batches almost only distinct ones."""
+  from meshbayes.data.pipeline import TaskData
+  from meshbayes.partitioning import DataLayout
+
+  lengths = {"inputs": 32, "targets": 32}
+  drawn = tool._task_batch("tatoeba_enfr_20k", lengths, 32, seed=0)
+  np.testing.assert_array_equal(
+      drawn["encoder_input_tokens"],
+      tool._task_batch("tatoeba_enfr_20k", lengths, 32, seed=0)["encoder_input_tokens"])
+  first = next(iter(TaskData("tatoeba_enfr_20k", lengths, 32, shuffle=False).eval_batches(
+      DataLayout(32), "train")))
+  distinct = lambda batch: len({row.tobytes() for row in np.asarray(batch["encoder_input_tokens"])})
+  assert drawn["encoder_input_tokens"].shape[0] == 32
+  assert distinct(first) <= 24 < 30 <= distinct(drawn), (distinct(first), distinct(drawn))
