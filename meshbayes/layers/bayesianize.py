@@ -19,7 +19,8 @@ import jax
 from flax import traverse_util
 
 from meshbayes.layers.conv import conv_class
-from meshbayes.layers.dense import DENSE_ESTIMATORS, ESTIMATORS, dense_class, dense_general_class
+from meshbayes.layers.dense import (DENSE_ESTIMATORS, ESTIMATORS, GROUPED, dense_class,
+                                    dense_general_class)
 from meshbayes.layers.embed import embed_class
 from meshbayes.layers.lstm import lstm_cell_class
 from meshbayes.layers.moped import moped_params
@@ -36,7 +37,6 @@ _TWINS: dict[str, tuple[type[nn.Module], Callable[[str], type[nn.Module]]]] = {
     "LSTMCell": (nn.LSTMCell, lstm_cell_class),
 }
 _DETERMINISTIC = "deterministic"
-_GROUPED = "grouped_reparameterization"
 # The layer types whose twins offer more than ``ESTIMATORS``: the Dense layers, the grouped one.
 _DENSE_TYPES = ("Dense", "DenseGeneral")
 
@@ -158,7 +158,7 @@ class Bayesianized(nn.Module):
                             ("deterministic", self.deterministic)):
           if name in twin_fields:  # nn.Embed's twin has no bias
             attributes[name] = value
-        if getattr(twin_class, "estimator", None) == _GROUPED:
+        if getattr(twin_class, "estimator", None) == GROUPED:
           attributes["num_weight_groups"] = self.num_weight_groups
         twins[key] = layer, twin_class(**attributes, parent=layer.scope, name=layer.name)
       return getattr(twins[key][1], context.method_name)(*args, **kwargs)

@@ -203,7 +203,7 @@ class _Linear(nn.Module):
             estimator, shared_axes=tuple(range(1, inputs.ndim - len(axis))))
       if self.noise_dtype is not None and self.estimator in _ACTIVATION_NOISE:
         estimator = functools.partial(estimator, noise_dtype=jnp.dtype(self.noise_dtype))
-      if self.estimator == "grouped_reparameterization":
+      if self.estimator == GROUPED:
         estimator = functools.partial(estimator, num_groups=self.num_weight_groups,
                                       constrain_samples=_constrain_samples(kernel_box))
       outputs = estimator(self.make_rng("sample"), contract, inputs, kernel, bias,
@@ -218,7 +218,7 @@ class _Linear(nn.Module):
       raise ValueError(f"{owner}: num_weight_groups={groups!r} must be a positive int")
     if groups == 1 or self.estimator is None:  # the deterministic twin ignores it
       return
-    if self.estimator != "grouped_reparameterization":
+    if self.estimator != GROUPED:
       raise ValueError(f"{owner}: num_weight_groups={groups} needs the grouped "
                        f"reparameterization; estimator {self.estimator!r} takes only 1")
     batch = inputs.shape[0] if inputs.ndim else 0
@@ -461,7 +461,9 @@ class DenseGeneralGroupedReparameterization(_DenseGeneralBase):
 
 # The estimators every layer family offers; the Dense layers also the grouped one.
 ESTIMATORS = ("deterministic", "reparameterization", "flipout", "local_reparameterization")
-DENSE_ESTIMATORS = ESTIMATORS + ("grouped_reparameterization",)
+# The Dense-only estimator: one weight sample per group of the batch.
+GROUPED = "grouped_reparameterization"
+DENSE_ESTIMATORS = ESTIMATORS + (GROUPED,)
 _DENSE = dict(zip(DENSE_ESTIMATORS, (Dense, DenseReparameterization, DenseFlipout,
                                      DenseLocalReparameterization,
                                      DenseGroupedReparameterization)))

@@ -6,6 +6,7 @@ import dataclasses
 
 from meshbayes.field_checks import positive_int
 from meshbayes.layers import DENSE_ESTIMATORS, ESTIMATORS
+from meshbayes.layers.dense import GROUPED
 
 ACTIVATIONS = ("relu", "gelu", "silu", "linear")
 REMAT_POLICIES = ("none", "full", "minimal")
@@ -13,7 +14,6 @@ DTYPES = ("float32", "bfloat16")
 ATTENTION_KERNELS = ("xla", "cudnn")
 SEQUENCE_SAMPLED = ("attention", "cross_attention", "mlp")
 PRIORS = ("normal", "fan_in", "empirical_bayes")
-GROUPED = "grouped_reparameterization"
 # The components built of Dense layers that take the number of weight groups from the
 # config (blocks.py); the embedding and the logits offer the estimators every family has.
 GROUPED_COMPONENTS = ("attention", "cross_attention", "mlp")
