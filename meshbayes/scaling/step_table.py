@@ -18,6 +18,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from meshbayes.layers.dense import GROUPED
+from meshbayes.models.transformer.config import GROUPED_COMPONENTS
 from meshbayes.runtime import strict_json
 from meshbayes.scaling import fused_attention, roofline
 
@@ -28,18 +30,47 @@ GPU_SHAPE = (("scan_layers", False), ("attention_dropout_rate", 0.0))
 @dataclasses.dataclass(frozen=True)
 class TableStep:
   """One step of a table: preset, deterministic or Bayesian, sequences per device, length,
-  and the attention kernel (``cudnn``: gpu.gin's; ``xla``: the alternative)."""
+  the attention kernel (``cudnn``: gpu.gin's; ``xla``: the alternative), and
+  ``weight_groups_per_device``: 0 for the model's own estimators, else the grouped
+  reparameterization in every component that takes it, with that many weight samples per
+  device (1: one per data-parallel shard)."""
 
   preset: str
   deterministic: bool
   batch_per_device: int
   length: int = 256
   attention: str = "cudnn"
+  weight_groups_per_device: int = 0
+
+  def __post_init__(self):
+    if self.weight_groups_per_device < 0 or (self.weight_groups_per_device
+                                             and self.deterministic):
+      raise ValueError(f"TableStep: weight_groups_per_device={self.weight_groups_per_device} "
+                       "must be 0, or at least 1 for a Bayesian step")
+
+  @property
+  def label(self) -> str:
+    """The step without its target and shape: ``paper_bayes_g8_cudnn``."""
+    kind = "det" if self.deterministic else "bayes"
+    groups = f"_g{self.weight_groups_per_device}" if self.weight_groups_per_device else ""
+    return f"{self.preset}_{kind}{groups}_{self.attention}"
 
   def name(self, target: str) -> str:
-    kind = "det" if self.deterministic else "bayes"
-    return (f"{self.preset}_{kind}_{self.attention}_{target.replace(':', '-')}_"
-            f"{self.batch_per_device}x{self.length}")
+    return f"{self.label}_{target.replace(':', '-')}_{self.batch_per_device}x{self.length}"
+
+  def spec(self, num_devices: int) -> Any:
+    """The trainer's step (``step_spec.StepSpec``) over ``num_devices`` data-parallel GPUs."""
+    from meshbayes.scaling.step_spec import step_spec
+
+    overrides = GPU_SHAPE + (("attention_kernel", self.attention),)
+    if self.weight_groups_per_device:
+      overrides += (("num_weight_groups", self.weight_groups_per_device * num_devices),)
+    spec = step_spec(self.preset, self.batch_per_device * num_devices, self.length,
+                     self.deterministic, dtype="bfloat16", remat_policy="none",
+                     overrides=overrides)
+    if self.weight_groups_per_device:
+      spec = spec.replace(estimators=tuple((c, GROUPED) for c in GROUPED_COMPONENTS))
+    return spec
 
 
 # gpu.gin's sequences per GPU: base 128; paper 32 deterministic, 16 Bayesian.
@@ -53,7 +84,6 @@ def compile_programs(steps: Iterable[TableStep], target_names: Sequence[str], fo
   ``batch_per_device`` times their number) into ``folder``; a name already there is kept.
   Returns the names compiled or found."""
   from meshbayes.scaling import aot, targets
-  from meshbayes.scaling.step_spec import step_spec
 
   folder.mkdir(parents=True, exist_ok=True)
   names = []
@@ -64,14 +94,11 @@ def compile_programs(steps: Iterable[TableStep], target_names: Sequence[str], fo
       names.append(name)
       if (folder / f"{name}.json").is_file():
         continue
-      spec = step_spec(step.preset, step.batch_per_device * target.num_devices, step.length,
-                       step.deterministic, dtype="bfloat16", remat_policy="none",
-                       overrides=GPU_SHAPE + (("attention_kernel", step.attention),))
-      record = aot.compile_step(spec, target, keep_hlo=True)
+      record = aot.compile_step(step.spec(target.num_devices), target, keep_hlo=True)
       text = record.pop("hlo_text", None)
       if text is not None:
         (folder / f"{name}.hlo.txt.gz").write_bytes(gzip.compress(text.encode(), mtime=0))
-      record.update(name=name, per_device_batch=step.batch_per_device)
+      record.update(name=name, label=step.label, per_device_batch=step.batch_per_device)
       (folder / f"{name}.json").write_text(strict_json.dumps(record, default=str))
   return names
 
@@ -86,7 +113,8 @@ def row(record: dict[str, Any], hlo_text: str) -> dict[str, Any]:
   v1, v2 = (roofline.predict(program, gpu_model=model)
             for model in (roofline.FROZEN_GPU_MODEL, roofline.FROZEN_GPU_MODEL_V2))
   operations = program["operations_per_device"].values()
-  return {"name": record["name"], "target": record["target"],
+  return {"name": record["name"], "label": record.get("label", record["name"].split("_h")[0]),
+          "target": record["target"],
           "per_device_batch": record["per_device_batch"], "length": record["input_length"],
           "v1_seconds": v1.step_seconds, "v2_seconds": v2.step_seconds, "v1_mfu": v1.mfu,
           "v2_mfu": v2.mfu, "v2_attention_seconds": v2.attention_seconds,
@@ -116,7 +144,7 @@ def markdown(table: Sequence[dict[str, Any]]) -> str:
   for r in table:
     peak = r["peak_bytes"] / 2**30 if r["peak_bytes"] else None
     lines.append(
-        f"| {r['name'].split('_h')[0]} | {r['target']} | {r['per_device_batch']} x "
+        f"| {r['label']} | {r['target']} | {r['per_device_batch']} x "
         f"{r['length']} | {r['v1_seconds']:.4f} | {r['v2_seconds']:.4f} | {r['v1_mfu']:.1%} "
         f"| {r['v2_mfu']:.1%} | {r['v2_attention_seconds'] * 1e3:.1f} "
         f"| {r['fused_attention_calls']:.0f} | {r['kernels']:,.0f} "

@@ -35,3 +35,20 @@ def test_rows_give_both_models_beside_kernels_and_bytes(tmp_path):
 def test_gpu_gin_steps_are_its_sequences_per_gpu():
   assert [(s.preset, s.deterministic, s.batch_per_device) for s in step_table.GPU_GIN_STEPS] == [
       ("base", True, 128), ("base", False, 128), ("paper", True, 32), ("paper", False, 16)]
+
+
+def test_grouped_steps_draw_their_samples_per_device():
+  step = step_table.TableStep("paper", False, 16, weight_groups_per_device=1)
+  assert step.name("h200:8") == "paper_bayes_g1_cudnn_h200-8_16x256"
+  spec = step.spec(8)  # one sample per data-parallel shard: 8 groups of 16 sequences
+  assert spec.batch_size == 128 and ("num_weight_groups", 8) in spec.overrides
+  assert dict(spec.estimators) == {"attention": "grouped_reparameterization",
+                                   "cross_attention": "grouped_reparameterization",
+                                   "mlp": "grouped_reparameterization"}
+  assert step_table.TableStep("base", False, 128).spec(1).estimators == ()
+
+
+@pytest.mark.parametrize("groups, deterministic", [(-1, False), (2, True)])
+def test_weight_groups_need_a_bayesian_step(groups, deterministic):
+  with pytest.raises(ValueError, match=f"weight_groups_per_device={groups} must be"):
+    step_table.TableStep("base", deterministic, 8, weight_groups_per_device=groups)
