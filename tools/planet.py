@@ -10,7 +10,8 @@ reused by a rerun with the same settings (so an interrupted run resumes); then
 Run: ``python -m meshbayes.tools.planet --preset=cpu --seeds=3 --out=runs/planet``
 (``make planet``). ``--first_seed`` moves the seeds (a pilot's apart from the reported
 ones); the ``OVERRIDES`` flags set a preset's fields (``--train_episodes=20``,
-``--transition_prior=fan_in_scaled``, ...).
+``--transition_prior=fan_in_scaled``, ...), the weight posterior's for the Bayesian agent
+only (PlaNet's runs are then those of the preset, reused from an earlier call in ``--out``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from collections.abc import Sequence  # noqa: E402
 
 from meshbayes.planet import report  # noqa: E402
 from meshbayes.planet.agent import Agent  # noqa: E402
-from meshbayes.planet.config import PRESETS  # noqa: E402
+from meshbayes.planet.config import POSTERIOR_FIELDS, PRESETS, PlanetConfig  # noqa: E402
 from meshbayes.planet.run_files import run_path, trained  # noqa: E402
 from meshbayes.runtime import strict_json  # noqa: E402
 
@@ -36,6 +37,20 @@ OVERRIDES = (("train_episodes", int), ("train_steps", int), ("transition_prior",
              ("transition_stddev_ratio", float), ("weight_kl_weight", float),
              ("weight_kl_warmup_rounds", int),
              ("reward_scale", float), ("collect_rule", str))
+
+
+def agent_configs(preset: str, estimators: Sequence[str], overrides: dict[str, object]
+                  ) -> dict[str, PlanetConfig]:
+  """Each estimator's agent: ``preset`` changed by ``overrides``, those of
+  ``POSTERIOR_FIELDS`` for the Bayesian agents only, so PlaNet's config (and a run of it
+  kept from another comparison) stays the preset's."""
+  configs = {}
+  for estimator in estimators:
+    config = dataclasses.replace(PRESETS[preset], estimator=estimator)
+    configs[estimator] = dataclasses.replace(
+        config, **{name: value for name, value in overrides.items()
+                   if config.bayesian or name not in POSTERIOR_FIELDS})
+  return configs
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, object]:
@@ -55,12 +70,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
     parser.error(f"--first_seed={args.first_seed} must be at least 0")
   overrides = {name: getattr(args, name) for name, _ in OVERRIDES
                if getattr(args, name) is not None}
-  estimators = [e for e in args.estimators.split(",") if e]
   try:
-    configs = {e: dataclasses.replace(PRESETS[args.preset], estimator=e, **overrides)
-               for e in estimators}
+    configs = agent_configs(args.preset, [e for e in args.estimators.split(",") if e],
+                            overrides)
   except ValueError as error:
     parser.error(str(error))
+  estimators = list(configs)
   agents = {e: Agent(config) for e, config in configs.items()}
   records = {e: [] for e in estimators}
   start = time.perf_counter()

@@ -19,6 +19,10 @@ CEM candidate by its predicted return averaged over ``plan_samples`` weight samp
 per decision, filtering with the mean; ``per_decision`` draws a new sample at every
 decision, for filtering and planning (the agent before 2026-11-28 drew one for each)."""
 TRANSITION_PRIORS = ("standard_normal", "fan_in_scaled")
+# The fields only a Bayesian agent reads (its weight posterior and how it collects data):
+# PlaNet's run is the same whatever they are.
+POSTERIOR_FIELDS = ("transition_prior", "transition_stddev_ratio", "weight_kl_weight",
+                    "weight_kl_warmup_rounds", "collect_rule")
 
 
 @dataclasses.dataclass(frozen=True)

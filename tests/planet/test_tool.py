@@ -45,3 +45,16 @@ def test_tool_rejects_bad_arguments(capsys):
   with pytest.raises(SystemExit):
     planet.main(["--weight_kl_weight=-1", "--preset=toy"])
   assert "weight_kl_weight=-1.0" in capsys.readouterr().err
+
+
+def test_posterior_settings_leave_planet_as_the_preset():
+  configs = planet.agent_configs("toy", ["deterministic", "reparameterization"],
+                                 {"transition_stddev_ratio": 0.01, "weight_kl_weight": 0.0,
+                                  "train_episodes": 2})
+  preset = planet.PRESETS["toy"]
+  assert (configs["reparameterization"].transition_stddev_ratio,
+          configs["reparameterization"].weight_kl_weight) == (0.01, 0.0)
+  assert (configs["deterministic"].transition_stddev_ratio,
+          configs["deterministic"].weight_kl_weight) == (preset.transition_stddev_ratio,
+                                                         preset.weight_kl_weight)
+  assert {c.train_episodes for c in configs.values()} == {2}  # shared settings: both agents
