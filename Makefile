@@ -63,6 +63,17 @@ experiment: data
 	  --past_edge=2.4e-2
 	$(EXPERIMENT)
 
+# Issue 70's quality experiment (docs/results/2026-11-29-grouped-quality-design.md, fixed
+# before its runs): the Bayesian layers' recipe with its own estimators, with the grouped
+# reparameterization at k = 2 and at k = 1, seeds 100-102 in seed order, each run capped at
+# 12,000 steps with early stopping and scored at its best checkpoint on the validation split;
+# at most 8 CPU-hours (estimated 7.2, not measured yet). Writes runs/estimator_quality/
+# estimator_quality.md (the paired differences and the rule's verdict); it resumes where an
+# interrupted call stopped.
+.PHONY: estimator-quality
+estimator-quality: data
+	$(PY) -m meshbayes.tools.experiment --preset=estimator_quality --out=runs/estimator_quality
+
 # The trainer on the synthetic reverse task (no data needed): about two minutes.
 demo-synthetic: $(STAMP)
 	rm -rf runs/demo-synthetic

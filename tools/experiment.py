@@ -5,6 +5,7 @@ its best validation checkpoint, and writes the tables and figures.
   python -m meshbayes.tools.experiment --preset=sequence_cpu --out=runs/sequence_cpu
   python -m meshbayes.tools.experiment --preset=cpu --out=runs/experiment [--publish=docs/uncertainty]
   python -m meshbayes.tools.experiment --preset=demo --out=runs/demo
+  python -m meshbayes.tools.experiment --preset=estimator_quality --out=runs/estimator_quality
 
 Methods, on the same data and architecture for the same number of steps
 (``gin_configs/uncertainty/``, where each method's tuned settings are):
@@ -19,7 +20,10 @@ Methods, on the same data and architecture for the same number of steps
 - the Bayesian layers' controls (``--methods``): ``map``, their recipe without weight
   noise (the same penalty), ``bayesian_kl1``, ``bayesian_kl0.3``, other KL weights, and
   the noise arms ``noise`` and ``noise_map``, their recipe with each stddev frozen at the
-  Bayesian run of the same seed, without the KL and with MAP's penalty.
+  Bayesian run of the same seed, without the KL and with MAP's penalty;
+- the grouped estimator's arms ``bayesian_grouped`` (k = 2) and ``bayesian_grouped_k1``:
+  the Bayesian layers' recipe with the grouped reparameterization in attention and
+  feed-forward layers (``--preset=estimator_quality``).
 
 The Bayesian layers and IVON are trained with ``seeds`` seeds (a preset may give each
 method its own), the deterministic model with the ensemble's; each other seed is
@@ -33,6 +37,10 @@ already complete are not redone, so an interrupted experiment resumes where it s
 ``--preset=sequence_cpu`` also evaluates the deterministic and Bayesian runs on the pool,
 takes the deterministic setting its tuning grid chose in the same ``--out`` (``--tune``
 first) and stops by its CPU-hour budget (docs/experiment.md). The report (``meshbayes.experiments.report``) goes to ``OUT/report.md`` with its figures.
+``--preset=estimator_quality`` (``make estimator-quality``) instead trains the Bayesian
+layers and the grouped arms seed after seed and writes ``OUT/estimator_quality.md``: each run
+scored on the validation split, the arms' paired differences and the design's rule
+(``meshbayes.experiments.estimator_quality``).
 This is the command line of ``meshbayes.experiments.run``.
 """
 

@@ -32,16 +32,23 @@ from etils import epath
 
 from meshbayes.evaluation import laplace
 from meshbayes.layers import Ensemble, MCDropout, holds_posterior
+from meshbayes.layers.dense import GROUPED
 from meshbayes.models.base import BaseModel
+from meshbayes.models.transformer.config import GROUPED_COMPONENTS
 from meshbayes.runtime import gin_preflight
 from meshbayes.training import run_posteriors
 
 # The kinds of runs a method may predict with, named by the training recipe that makes
 # them (gin_configs/uncertainty/<recipe>.gin): point weights, IVON's, and the Bayesian
 # layers' at their settings (``run_record`` tells them apart), the noise-without-KL
-# controls (``noise``, ``noise_map``: stddevs frozen at another run's) among them.
+# controls (``noise``, ``noise_map``: stddevs frozen at another run's) and the grouped
+# estimator's arms (``GROUPED_ARMS``) among them.
 TRAINED_BY = ("deterministic", "bayesian", "ivon", "map", "bayesian_kl1", "bayesian_kl0.3",
-              "noise", "noise_map")
+              "noise", "noise_map", "bayesian_grouped", "bayesian_grouped_k1")
+# Issue 70's quality arms: the Bayesian layers' recipe with the grouped reparameterization
+# in attention, cross-attention and feed-forward layers, k = 2 groups of the batch and k = 1
+# (one sample for the batch), each its number of weight groups.
+GROUPED_ARMS = {"bayesian_grouped": 2, "bayesian_grouped_k1": 1}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,6 +202,12 @@ register(PredictiveMethod(
 register(PredictiveMethod(
     "noise_map", "the Bayesian layers with stddevs frozen at the KL-0.1 run's, KL weight 0.1 "
     "(MAP's penalty on the means)", "noise_map", as_trained))
+# The grouped estimator's arms (docs/results/2026-11-29-grouped-quality-design.md), evaluated
+# as the Bayesian layers are.
+for _arm, _groups in GROUPED_ARMS.items():
+  register(PredictiveMethod(
+      _arm, f"the Bayesian layers' posterior trained with the grouped reparameterization, "
+      f"k = {_groups} weight samples per batch", _arm, as_trained))
 
 
 # Which methods fit a run, told before its parameters load.
@@ -204,25 +217,44 @@ POINT, IVON, BAYESIAN_LAYERS = "point weights", "IVON", "Bayesian layers"
 # Each posterior's recipes: the deterministic and IVON recipes are their posterior's only.
 _POSTERIOR_RECIPES = {POINT: ("deterministic",), IVON: ("ivon",),
                       BAYESIAN_LAYERS: ("bayesian", "map", "bayesian_kl1", "bayesian_kl0.3",
-                                        "noise", "noise_map")}
-# The Bayesian layers' recipes by (weight noise, KL weight, stddevs frozen), as
+                                        "noise", "noise_map", *GROUPED_ARMS)}
+# ``RunRecord.grouping`` of a run none of whose layers is grouped: the recipe's own
+# estimators (Flipout attention, local reparameterization feed-forward) or any other.
+UNGROUPED = ""
+# The Bayesian layers' recipes by (weight noise, KL weight, stddevs frozen, grouping), as
 # gin_configs/uncertainty binds them: EncoderDecoderModel.weight_noise, KLWeight.value,
-# run_configs.CheckpointConfig.frozen_stddevs_from.
-_LAYER_RECIPES = {(True, 0.1, False): "bayesian", (False, 0.1, False): "map",
-                  (True, 1.0, False): "bayesian_kl1", (True, 0.3, False): "bayesian_kl0.3",
-                  (True, 0.0, True): "noise", (True, 0.1, True): "noise_map"}
+# run_configs.CheckpointConfig.frozen_stddevs_from, the Estimators and num_weight_groups.
+_LAYER_RECIPES = {
+    (True, 0.1, False, UNGROUPED): "bayesian", (False, 0.1, False, UNGROUPED): "map",
+    (True, 1.0, False, UNGROUPED): "bayesian_kl1", (True, 0.3, False, UNGROUPED): "bayesian_kl0.3",
+    (True, 0.0, True, UNGROUPED): "noise", (True, 0.1, True, UNGROUPED): "noise_map",
+    **{(True, 0.1, False, f"{GROUPED} k={groups}"): arm for arm, groups in GROUPED_ARMS.items()}}
 
 
 def _layers(weight_noise: bool | None, kl_weight: float | None,
-            frozen_stddevs: bool | None = None) -> str:
+            frozen_stddevs: bool | None = None, grouping: str | None = None) -> str:
   """The Bayesian layers' settings that are known, e.g. 'KL weight 0.1, with weight noise'
-  (stddevs frozen: named only when they are)."""
+  (stddevs frozen and a grouped estimator: named only when they are)."""
   known = [f"KL weight {kl_weight:g}"] if kl_weight is not None else []
   if weight_noise is not None:
     known.append(f"{'with' if weight_noise else 'without'} weight noise")
   if frozen_stddevs:
     known.append("stddevs frozen at another run's")
+  if grouping:
+    known.append(grouping)
   return ", ".join(known)
+
+
+def _grouping(bindings: dict[tuple[str, str], Any]) -> str:
+  """How a run's config.gin has its attention, cross-attention and feed-forward layers draw
+  weights: ``UNGROUPED``, or 'grouped_reparameterization k=K' (K: ``num_weight_groups``,
+  unbound 1), with ' in <components>' when only some of them are grouped (no recipe's)."""
+  grouped = [c for c in GROUPED_COMPONENTS if bindings.get(("Estimators", c)) == GROUPED]
+  if not grouped:
+    return UNGROUPED
+  groups = bindings.get(("TransformerConfig", "num_weight_groups"), 1)
+  some = "" if len(grouped) == len(GROUPED_COMPONENTS) else f" in {', '.join(grouped)}"
+  return f"{GROUPED} k={groups}{some}"
 
 
 _RECIPE_RUNS = {"deterministic": "point-weight runs", "ivon": "IVON runs",
@@ -241,9 +273,15 @@ class RunRecord:
     kl_weight: Bayesian layers: the (final) KL weight (None: not recorded).
     frozen_stddevs: Bayesian layers: the stddevs were frozen at another run's (None: not
       recorded).
+    grouping: Bayesian layers: ``UNGROUPED`` or how the grouped reparameterization draws
+      their weights (``_grouping``; None: not recorded).
 
-  >>> RunRecord(BAYESIAN_LAYERS, True, frozen_stddevs=False).methods(), RunRecord(IVON).methods()
-  (('bayesian', 'bayesian_kl1', 'bayesian_kl0.3'), ('ivon',))
+  >>> RunRecord(BAYESIAN_LAYERS, True, frozen_stddevs=False, grouping=UNGROUPED).methods()
+  ('bayesian', 'bayesian_kl1', 'bayesian_kl0.3')
+  >>> RunRecord(BAYESIAN_LAYERS, True, 0.1, False, 'grouped_reparameterization k=2').recipe
+  'bayesian_grouped'
+  >>> RunRecord(IVON).methods()
+  ('ivon',)
   >>> RunRecord(BAYESIAN_LAYERS, True, 1.0, False).recipe, RunRecord(BAYESIAN_LAYERS).recipe
   ('bayesian_kl1', None)
   >>> RunRecord(BAYESIAN_LAYERS, True, 0.0, True).recipe
@@ -254,16 +292,18 @@ class RunRecord:
   weight_noise: bool | None = None
   kl_weight: float | None = None
   frozen_stddevs: bool | None = None
+  grouping: str | None = None
 
   def recipes(self) -> tuple[str, ...]:
     """The recipes whose runs this one may be: of its posterior, and for Bayesian layers
     those whose settings agree with each one recorded."""
     if self.posterior != BAYESIAN_LAYERS:
       return _POSTERIOR_RECIPES[self.posterior]
-    return tuple(recipe for (noise, weight, frozen), recipe in _LAYER_RECIPES.items()
+    return tuple(recipe for (noise, weight, frozen, grouping), recipe in _LAYER_RECIPES.items()
                  if self.weight_noise in (None, noise)
                  and (self.kl_weight is None or math.isclose(weight, self.kl_weight))
-                 and self.frozen_stddevs in (None, frozen))
+                 and self.frozen_stddevs in (None, frozen)
+                 and self.grouping in (None, grouping))
 
   @property
   def recipe(self) -> str | None:
@@ -280,7 +320,7 @@ class RunRecord:
       return "a point-weight run"
     if self.posterior == IVON:
       return "an IVON run"
-    known = _layers(self.weight_noise, self.kl_weight, self.frozen_stddevs)
+    known = _layers(self.weight_noise, self.kl_weight, self.frozen_stddevs, self.grouping)
     return f"a Bayesian-layers run ({known})" if known else "a Bayesian-layers run"
 
 
@@ -293,10 +333,12 @@ def run_record(model: BaseModel, meta: dict[str, Any], model_dir: str | os.PathL
   (``training.run_posteriors``: IVON's), the Bayesian layers' when ``model.is_bayesian``,
   point weights otherwise. That tells the
   recipe too, except for the Bayesian layers': the deterministic and IVON recipes are
-  their posterior's only ones. The Bayesian layers' six differ in three training settings
+  their posterior's only ones. The Bayesian layers' eight differ in four training settings
   the metadata does not hold, ``EncoderDecoderModel.weight_noise`` (MAP: False),
-  ``KLWeight.value`` (0.1; the controls 1, 0.3 and noise's 0) and
-  ``run_configs.CheckpointConfig.frozen_stddevs_from`` (noise, noise_map). They are read
+  ``KLWeight.value`` (0.1; the controls 1, 0.3 and noise's 0),
+  ``run_configs.CheckpointConfig.frozen_stddevs_from`` (noise, noise_map) and the
+  attention, cross-attention and feed-forward layers' ``Estimators`` with
+  ``TransformerConfig.num_weight_groups`` (the grouped arms: ``GROUPED_ARMS``). They are read
   from the run's own record, its ``config.gin`` (the gin bindings the trainer writes into
   the run's directory), not from the model as evaluated (a command line may override it):
 
@@ -306,6 +348,8 @@ def run_record(model: BaseModel, meta: dict[str, Any], model_dir: str | os.PathL
     which nothing records, and no recipe leaves it unbound: such a run (one of
     gin_configs/examples, say) may be any recipe's with weight noise and stddevs trained.
   - frozen stddevs: when a source run is bound; unbound, the stddevs were trained.
+  - grouping: the estimators as bound (unbound: the recipe's own, not grouped) and the
+    number of groups (unbound: 1).
 
   A bound setting is reliable unless the run was resumed with another (the file is the
   last start's). So a method is refused by the run's posterior always, and by its recipe
@@ -327,7 +371,7 @@ def run_record(model: BaseModel, meta: dict[str, Any], model_dir: str | os.PathL
   return RunRecord(BAYESIAN_LAYERS, noise if isinstance(noise, bool) else None,
                    float(weight) if isinstance(weight, (int, float))
                    and not isinstance(weight, bool) else None,
-                   frozen is not None)
+                   frozen is not None, _grouping(bindings))
 
 
 def resolve(name: str | None, model: BaseModel, meta: dict[str, Any],
@@ -338,7 +382,8 @@ def resolve(name: str | None, model: BaseModel, meta: dict[str, Any],
 
   ``None`` is the run's own posterior, named by its recipe's method (``deterministic``,
   ``ivon``, ``bayesian``, ``map``, ``bayesian_kl1``, ``bayesian_kl0.3``, ``noise``,
-  ``noise_map``) when its record tells one recipe, else ``AS_TRAINED``. A named method
+  ``noise_map``, ``bayesian_grouped``, ``bayesian_grouped_k1``) when its record tells one
+  recipe, else ``AS_TRAINED``. A named method
   must predict with one of the recipes the run may be of; MC dropout also needs a model
   with dropout.
 

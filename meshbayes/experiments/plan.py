@@ -38,7 +38,7 @@ from meshbayes.training.posterior_diagnostics import MEDIAN_PREFIX, relative_cha
 METHODS = recipes.names()
 # The Bayesian layers' controls: MAP (their penalty without the noise), KL weights 1 and
 # 0.3, the noise arms (their noise without the learning of the stddevs). Not in a budget
-# unless asked for.
+# unless asked for, nor are the grouped estimator's arms (recipes.GROUPED_ARMS).
 CONTROLS = ("map", "bayesian_kl1", "bayesian_kl0.3", *recipes.NOISE_ARMS)
 # The gin file of each training recipe the methods evaluate.
 RECIPES = {recipe: recipes.gin_file(recipe) for recipe in recipes.RECIPES}
@@ -67,7 +67,7 @@ class Budget:
     ood_examples: inputs per out-of-distribution set (and in-domain sources).
     ood_beam_sets: OOD sets also decoded by beam search with the beam-level measures
       (``evaluation.OodConfig.beam_sets``; needs ``beam_measures``).
-    methods: the methods compared (default: all but ``CONTROLS``).
+    methods: the methods compared (default: all but ``CONTROLS`` and the grouped arms).
     checkpoints: where each method is evaluated, of ``CHECKPOINTS``: ``final`` (a run's
       last checkpoint: the end of the budget, or where it stopped early) and ``best``
       (its lowest validation NLL). The other seeds' runs are evaluated at the first.
@@ -120,7 +120,8 @@ class Budget:
   num_samples: int = 4
   eval_batches: int | None = ALL_TEST_PAIRS
   ood_examples: int = 512
-  methods: tuple[str, ...] = tuple(m for m in METHODS if m not in CONTROLS)
+  methods: tuple[str, ...] = tuple(m for m in METHODS
+                                  if m not in (*CONTROLS, *recipes.GROUPED_ARMS))
   checkpoints: tuple[str, ...] = CHECKPOINTS
   bindings: tuple[str, ...] = ()
   task_gin: str = "tasks/tatoeba_enfr_20k.gin"

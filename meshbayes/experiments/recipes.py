@@ -20,8 +20,8 @@ import difflib
 from meshbayes.evaluation import methods as predictive_methods
 
 # The training recipes (gin_configs/uncertainty/<recipe>.gin): the kinds of runs the
-# evaluation tells apart, the three methods' and the Bayesian layers' controls (MAP; the
-# KL weights 1 and 0.3).
+# evaluation tells apart, the three methods', the Bayesian layers' controls (MAP; the
+# KL weights 1 and 0.3; the noise arms) and the grouped estimator's arms.
 RECIPES = predictive_methods.TRAINED_BY
 _TEMPERATURE_SCALED = ("evaluation.PredictiveConfig.temperature_scaling=True",)
 # The noise-without-KL control's two arms (docs/results/2026-11-29-sequence-calibration-
@@ -29,6 +29,9 @@ _TEMPERATURE_SCALED = ("evaluation.PredictiveConfig.temperature_scaling=True",)
 # learned value of the KL-0.1 run of the same seed, `noise` without the KL, `noise_map` with
 # it (MAP's penalty on the means).
 NOISE_ARMS = ("noise", "noise_map")
+# The grouped estimator's arms (docs/results/2026-11-29-grouped-quality-design.md): the
+# Bayesian layers' recipe with the grouped reparameterization, k = 2 and k = 1.
+GROUPED_ARMS = tuple(predictive_methods.GROUPED_ARMS)
 # The gin macro naming the run a training run reads (``MethodRecipe.reads_run_of``): the
 # noise arms' source of stddevs (gin_configs/uncertainty/noise_map.gin).
 SOURCE_RUN_MACRO = "FROZEN_STDDEVS_FROM"
@@ -106,6 +109,9 @@ _METHODS = {recipe.name: recipe for recipe in (
     *(MethodRecipe(arm, seed_spread=True, eval_bindings=_TEMPERATURE_SCALED,
                    columns=_bayesian_columns(title), reads_run_of="bayesian")
       for arm, title in zip(NOISE_ARMS, ("noise without KL", "noise with MAP's penalty"))),
+    *(MethodRecipe(arm, seed_spread=True, eval_bindings=_TEMPERATURE_SCALED,
+                   columns=_bayesian_columns(f"Bayesian layers, grouped k={groups}"))
+      for arm, groups in predictive_methods.GROUPED_ARMS.items()),
 )}
 
 

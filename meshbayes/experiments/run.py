@@ -3,7 +3,7 @@ the end of the budget and at its best validation checkpoint, and the report (the
 ``python -m meshbayes.tools.experiment``, whose docstring says what each method is).
 
 - ``PRESETS``: the budgets of ``make experiment``, ``make demo``, the sequence calibration
-  experiment and the test suite's toy;
+  experiment, ``make estimator-quality`` and the test suite's toy;
 - ``Runner``: runs ``python -m meshbayes.train|eval`` commands, ``jobs`` at a time, and
   accounts for their time;
 - ``Experiment``: the runs and evaluations of one budget under ``OUT`` (resumed where an
@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from meshbayes.experiments import plan, recipes, schedule
+from meshbayes.experiments import estimator_quality, plan, recipes, schedule
 from meshbayes.experiments.plan import (ALL_TEST_PAIRS, RECIPES, Budget, best_step, convergence,
                                         evaluations, finished, read_json, result_dirs,
                                         setting_label, stopped_at, write_json)
@@ -76,6 +76,16 @@ PRESETS = {
     "demo": Budget(train_steps=1000, eval_period=250, eval_batches=4, ood_examples=128,
                    methods=("deterministic", "mc_dropout", "bayesian"), checkpoints=("final",),
                    seeds=1),
+    # The grouped estimator's quality (docs/results/2026-11-29-grouped-quality-design.md,
+    # fixed before its runs): the Bayesian layers' recipe with its own estimators, with the
+    # grouped reparameterization at k = 2 and at k = 1, seeds 100-102 in seed order, the
+    # sequence calibration design's cap and early stopping, each run scored at its best
+    # checkpoint on the whole validation split (greedy decoding for BLEU: the experiment's
+    # cheapest), at most 8 CPU-hours; OUT/estimator_quality.md instead of the report.
+    estimator_quality.PRESET: Budget(
+        train_steps=12000, eval_period=250, patience=4, eval_batches=ALL_TEST_PAIRS,
+        first_seed=100, seeds=3, checkpoints=("best",), methods=estimator_quality.ARMS,
+        decode_method="greedy", cpu_hours=8.0),
     # The test suite: the whole code path in seconds (a tiny model; a task given by --binding).
     "toy": Budget(train_steps=4, eval_period=2, ensemble_size=2, num_samples=2, eval_batches=1,
                   ood_examples=4, decode_method="greedy", seeds=2, bootstrap_resamples=50,
@@ -330,20 +340,54 @@ class Experiment:
     return [f"{binding}={value}" for binding, value in read_json(path)["chosen"].items()]
 
   def train(self, runs: Sequence[str] | None = None) -> None:
-    """Trains ``runs`` (default: every run of the budget) to ``train_steps``, resuming or
-    skipping finished ones; a run that reads another (``plan.source_runs``) is given its
-    directory and starts after it."""
-    runs = list(self.budget.runs if runs is None else runs)
+    """Trains ``runs`` (default: every run of the budget), in that order, to
+    ``train_steps``, resuming or skipping finished ones; a run that reads another
+    (``plan.source_runs``) is given its directory and starts after it."""
+    self._run_all(*self._training(self.budget.runs if runs is None else runs))
+
+  def _training(self, runs: Sequence[str]) -> tuple[dict[str, tuple[str, list[str]]],
+                                                    dict[str, Path], dict[str, str]]:
+    """``_run_all``'s commands, run directories and waits of training ``runs`` (those of
+    the budget, in the order given; finished ones left out)."""
+    runs = [name for name in runs if name in self.budget.runs]
     sources = plan.source_runs(self.budget)
-    self._run_all({
-        name: ("train", self._train_args(
-            gin_file, self.out / "runs" / name, f"SEED={seed}", *self._tuned(plan.recipe_of(name)),
+    commands = {}
+    for name in runs:
+      gin_file, seed = self.budget.runs[name]
+      if not self._finished(self.out / "runs" / name):
+        commands[name] = ("train", self._train_args(
+            gin_file, self.out / "runs" / name, f"SEED={seed}",
+            *self._tuned(plan.recipe_of(name)),
             *([f"{recipes.SOURCE_RUN_MACRO}='{self.out / 'runs' / sources[name]}'"]
               if name in sources else [])))
-        for name, (gin_file, seed) in self.budget.runs.items()
-        if name in runs and not self._finished(self.out / "runs" / name)},
-        {name: self.out / "runs" / name for name in runs},
-        {run: source for run, source in sources.items() if run in runs})
+    return (commands, {name: self.out / "runs" / name for name in runs},
+            {run: source for run, source in sources.items() if run in runs})
+
+  def validation_dir(self, run: str) -> Path:
+    """Where ``validate`` writes run ``run``'s evaluation, ``OUT/eval/validation/<run>_best``
+    (its ``metrics.json`` there once it has run)."""
+    return self.out / "eval" / "validation" / f"{run}_best"
+
+  def validate(self, runs: Sequence[str], then_train: Sequence[str] = ()) -> None:
+    """Evaluates each of ``runs`` (finished runs of the budget; those evaluated already are
+    not again) at its best checkpoint on the validation split, as a tuning grid scores its
+    runs (teacher-forced: every predictive's token NLL and ECE) and decoded by
+    ``Budget.decode_method`` (BLEU), without temperature scaling, OOD sets, beam-level
+    measures or equivalence samples; ``Budget.eval_batches`` batches (None: the whole
+    split). Then trains ``then_train``, in the same batch of commands (``runner.jobs`` at a
+    time, under the stop rule), so no core waits for a batch's last command."""
+    budget = self.budget
+    commands = {f"validation {run}": ("eval", self._eval_args(
+        self.out / "runs" / run, self.validation_dir(run), "evaluate.split='validation'",
+        f"evaluate.checkpoint_step={best_step(self.out / 'runs' / run)}",
+        f"data.TaskData.max_eval_batches={budget.eval_batches}",
+        # The pool's bindings: decoding and scoring only.
+        f"evaluation.DecodeConfig.method='{budget.decode_method}'", *plan.POOL_BINDINGS))
+        for run in runs
+        if run in budget.runs and self._finished(self.out / "runs" / run)
+        and not (self.validation_dir(run) / "metrics.json").is_file()}
+    training, run_dirs, after = self._training(then_train)
+    self._run_all({**commands, **training}, run_dirs, after)
 
   def _evaluation_args(self, spec: dict[str, Any], result_dir: Path, split: str) -> list[str]:
     budget = self.budget
@@ -557,9 +601,11 @@ def execute(experiment: Experiment, preset: str, tune: str | None = None,
   (``schedule``), writes and prints the report and copies it and its figures to
   ``publish``. When the stop rule leaves something not run it is recorded
   (``OUT/not_run.json``); the report then covers what ran when only what
-  ``Budget.given_up_first`` names is left, and there is none otherwise. Returns the exit
-  status: 1 when a command or a ``reuse`` failed (its one-line error printed) or the stop
-  rule left what the report needs."""
+  ``Budget.given_up_first`` names is left, and there is none otherwise. The
+  ``estimator_quality`` preset instead writes and prints its table
+  (``meshbayes.experiments.estimator_quality``), over what ran when the stop rule cut it.
+  Returns the exit status: 1 when a command or a ``reuse`` failed (its one-line error
+  printed) or the stop rule left what the report needs."""
   out, budget = experiment.out, experiment.budget
   try:
     _check_preset(out, preset)
@@ -580,6 +626,9 @@ def execute(experiment: Experiment, preset: str, tune: str | None = None,
     for reused in reuse:
       name, _, run_dir = reused.partition("=")
       experiment.reuse(name, Path(run_dir))
+    if preset == estimator_quality.PRESET:
+      print(estimator_quality.run(experiment).read_text())
+      return 0
     left = experiment.run_stages()
   except (RuntimeError, ValueError) as error:  # the command printed its own one-line error
     print(f"experiment: error: {error}", file=sys.stderr)

@@ -89,18 +89,20 @@ RUNS = {
 }
 # Each registered method against each run: ok, it applies; -, it is refused.
 TABLE = """\
-method         point ivon no_gin example kl0.1 kl1 kl0.3 map kl0.01
-deterministic  ok    -    -      -       -     -   -     -   -
-mc_dropout     ok    -    -      -       -     -   -     -   -
-ensemble       ok    -    -      -       -     -   -     -   -
-bayesian       -     -    ok     ok      ok    -   -     -   -
-ivon           -     ok   -      -       -     -   -     -   -
-map            -     -    ok     -       -     -   -     ok  -
-bayesian_kl1   -     -    ok     ok      -     ok  -     -   -
-bayesian_kl0.3 -     -    ok     ok      -     -   ok    -   -
-laplace        ok    -    -      -       -     -   -     -   -
-noise          -     -    ok     -       -     -   -     -   -
-noise_map      -     -    ok     -       -     -   -     -   -
+method              point ivon no_gin example kl0.1 kl1 kl0.3 map kl0.01
+deterministic       ok    -    -      -       -     -   -     -   -
+mc_dropout          ok    -    -      -       -     -   -     -   -
+ensemble            ok    -    -      -       -     -   -     -   -
+bayesian            -     -    ok     ok      ok    -   -     -   -
+ivon                -     ok   -      -       -     -   -     -   -
+map                 -     -    ok     -       -     -   -     ok  -
+bayesian_kl1        -     -    ok     ok      -     ok  -     -   -
+bayesian_kl0.3      -     -    ok     ok      -     -   ok    -   -
+laplace             ok    -    -      -       -     -   -     -   -
+noise               -     -    ok     -       -     -   -     -   -
+noise_map           -     -    ok     -       -     -   -     -   -
+bayesian_grouped    -     -    ok     -       -     -   -     -   -
+bayesian_grouped_k1 -     -    ok     -       -     -   -     -   -
 """
 # The method of each run when none is given: the run's own, by its recipe's name if told.
 UNSET = {"point": "deterministic", "ivon": "ivon", "no_gin": "as_trained",
@@ -170,7 +172,7 @@ def test_a_method_that_does_not_fit_is_one_line_naming_what_does(tmp_path):
   assert str(unrecorded.value) == (
       f"evaluate: method='ivon' predicts with IVON runs; {tmp_path / 'no_gin'} is a "
       "Bayesian-layers run: use one of bayesian, map, bayesian_kl1, bayesian_kl0.3, noise, "
-      "noise_map or leave method unset")
+      "noise_map, bayesian_grouped, bayesian_grouped_k1 or leave method unset")
   with pytest.raises(ValueError) as sampled_map:
     predictive_methods.resolve("bayesian", *_run(tmp_path, "map"))
   assert str(sampled_map.value) == (

@@ -63,7 +63,7 @@ def test_a_run_stopped_early_is_finished_and_says_where(tmp_path):
     ({"first_seed": -1}, "first_seed=-1 must be"),
     ({"single_seed": ("deterministic",)}, r"single_seed=\('deterministic',\): each must be one "
      r"of the methods with a seed spread \(bayesian, ivon, map, bayesian_kl1, bayesian_kl0.3, "
-     r"noise, noise_map\)"),
+     r"noise, noise_map, bayesian_grouped, bayesian_grouped_k1\)"),
 ])
 def test_bad_stopping_and_seed_settings_are_one_line_errors(changes, message):
   with pytest.raises(ValueError, match=message):
