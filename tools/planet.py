@@ -10,8 +10,8 @@ reused by a rerun with the same settings (so an interrupted run resumes); then
 Run: ``python -m meshbayes.tools.planet --preset=cpu --seeds=3 --out=runs/planet``
 (``make planet``). ``--first_seed`` moves the seeds (a pilot's apart from the reported
 ones); the ``OVERRIDES`` flags set a preset's fields (``--train_episodes=20``,
-``--transition_prior=fan_in_scaled``, ...), the weight posterior's for the Bayesian agent
-only (PlaNet's runs are then those of the preset, reused from an earlier call in ``--out``).
+``--transition_prior=fan_in_scaled``, ...); PlaNet's config keeps the weight posterior's
+at their defaults (it reads none), so its runs are reused across posterior settings.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from collections.abc import Sequence  # noqa: E402
 
 from meshbayes.planet import report  # noqa: E402
 from meshbayes.planet.agent import Agent  # noqa: E402
-from meshbayes.planet.config import POSTERIOR_FIELDS, PRESETS, PlanetConfig  # noqa: E402
+from meshbayes.planet.config import PRESETS, PlanetConfig  # noqa: E402
 from meshbayes.planet.run_files import run_path, trained  # noqa: E402
 from meshbayes.runtime import strict_json  # noqa: E402
 
@@ -41,16 +41,12 @@ OVERRIDES = (("train_episodes", int), ("train_steps", int), ("transition_prior",
 
 def agent_configs(preset: str, estimators: Sequence[str], overrides: dict[str, object]
                   ) -> dict[str, PlanetConfig]:
-  """Each estimator's agent: ``preset`` changed by ``overrides``, those of
-  ``POSTERIOR_FIELDS`` for the Bayesian agents only, so PlaNet's config (and a run of it
-  kept from another comparison) stays the preset's."""
-  configs = {}
-  for estimator in estimators:
-    config = dataclasses.replace(PRESETS[preset], estimator=estimator)
-    configs[estimator] = dataclasses.replace(
-        config, **{name: value for name, value in overrides.items()
-                   if config.bayesian or name not in POSTERIOR_FIELDS})
-  return configs
+  """Each estimator's agent: ``preset`` changed by ``overrides``, PlaNet's as
+  ``PlanetConfig.canonical`` makes it (the weight posterior's settings at their defaults),
+  so a run of it is reused by comparisons at other posterior settings."""
+  return {estimator: dataclasses.replace(PRESETS[preset], estimator=estimator,
+                                         **overrides).canonical()
+          for estimator in estimators}
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, object]:

@@ -27,7 +27,9 @@ CELLS: dict[str, dict[str, object]] = {
     "SK": {"transition_stddev_ratio": 0.01, "weight_kl_weight": 0.0},
     "T": {"collect_rule": "mean"},                 # collect by the posterior mean
 }
-"""Each cell's settings over the ``cpu`` preset (the published Bayesian agent)."""
+"""Each cell's settings over the published Bayesian agent (``PUBLISHED_SETTINGS``)."""
+PUBLISHED_SETTINGS: dict[str, object] = {"transition_stddev_ratio": 0.1}
+"""The ``cpu`` preset's settings as published on 2026-11-28 that the remedy changed since."""
 BAYESIAN_ESTIMATOR = "reparameterization"
 PUBLISHED = {"F": BAYESIAN_ESTIMATOR, "P": "deterministic"}
 """Cells that repeat a published run, by the estimator name of its run files."""
@@ -51,10 +53,12 @@ EFFECTS: dict[str, tuple[dict[str, float], str]] = {
 
 
 def cell_config(base: PlanetConfig, cell: str) -> PlanetConfig:
-  """``base`` (the published Bayesian agent's settings) changed as ``cell`` says."""
+  """``base`` (a preset) at the published Bayesian agent's settings, changed as ``cell``
+  says."""
   if cell not in CELLS:
     raise ValueError(f"ablation: cell={cell!r} is not one of {', '.join(CELLS)}")
-  return dataclasses.replace(base, **{"estimator": BAYESIAN_ESTIMATOR, **CELLS[cell]})
+  return dataclasses.replace(base, **{**PUBLISHED_SETTINGS, "estimator": BAYESIAN_ESTIMATOR,
+                                      **CELLS[cell]}).canonical()
 
 
 def factor_verdict(low: float, high: float, major: float = MAJOR) -> str:

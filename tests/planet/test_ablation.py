@@ -78,8 +78,12 @@ def test_summary_pairs_the_fit_with_planet():
 
 def test_cells_change_only_their_settings():
   base = PRESETS["cpu"]
+  # The cells change the agent as published (initial stddev ratio 0.1), not the preset's
+  # remedy (0.01): F, P and K are the published runs' configs whatever the preset says.
+  assert base.transition_stddev_ratio == 0.01
   assert ablation.cell_config(base, "F") == base.__class__(estimator="reparameterization")
-  assert ablation.cell_config(base, "P").bayesian is False
+  assert ablation.cell_config(base, "P") == base.__class__(estimator="deterministic")
+  assert ablation.cell_config(base, "K").transition_stddev_ratio == 0.1
   sk = ablation.cell_config(base, "SK")
   assert (sk.transition_stddev_ratio, sk.weight_kl_weight, sk.collect_rule) == (0.01, 0.0,
                                                                                   "thompson")
