@@ -18,6 +18,7 @@ from meshbayes.experiments import estimator_quality as quality
 from meshbayes.experiments import plan
 from meshbayes.experiments import run as experiment_run
 from meshbayes.tools import experiment
+from tests.experiments.fake_runs import gin_bindings, write_trained_run
 from tests.experiments.recipe_configs import trained_config
 from tests.experiments.test_run import data_dir  # noqa: F401  (the fake corpus fixture)
 
@@ -77,13 +78,9 @@ class _Planned:
       name = re.sub(r"^validation_", "validation ", log.stem)
       self.names.append(name)
       self.args[name] = args
-      bound = dict(a[len("--gin."):].split("=", 1) for a in args if a.startswith("--gin."))
+      bound = gin_bindings(args)
       if entry_point == "train":
-        run = Path(bound["MODEL_DIR"].strip("'"))
-        (run / "checkpoints" / bound["TRAIN_STEPS"]).mkdir(parents=True)
-        (run / "eval").mkdir()
-        (run / "eval" / "metrics.jsonl").write_text("".join(
-            json.dumps({"step": s, "nll": abs(s - 500) / 1000 + 2}) + "\n" for s in (250, 500)))
+        write_trained_run(bound)
       else:
         result = Path(bound["evaluation.ReportConfig.output_dir"].strip("'"))
         run = result.name.removesuffix("_best")

@@ -17,6 +17,7 @@ from meshbayes.experiments import run as experiment_run
 from meshbayes.tools import experiment
 from meshbayes.training import compute_log
 from tests.data import corpus
+from tests.experiments.fake_runs import gin_bindings, write_trained_run
 
 COLUMNS = ("deterministic", "temperature-scaled (T=", "MC dropout", "deep ensemble",
            "Bayesian layers", "Bayesian layers (mean)", "IVON", "IVON (mean)",
@@ -434,13 +435,9 @@ class _Planned:
         break
       self.names.append(names[index])
       self.args[names[index]] = args
-      bound = dict(a[len("--gin."):].split("=", 1) for a in args if a.startswith("--gin."))
+      bound = gin_bindings(args)
       if entry_point == "train":
-        run = Path(bound["MODEL_DIR"].strip("'"))
-        (run / "checkpoints" / bound["TRAIN_STEPS"]).mkdir(parents=True)
-        (run / "eval").mkdir()
-        (run / "eval" / "metrics.jsonl").write_text("".join(
-            json.dumps({"step": s, "nll": abs(s - 500) / 1000 + 2}) + "\n" for s in (250, 500)))
+        write_trained_run(bound)
       else:
         result = Path(bound["evaluation.ReportConfig.output_dir"].strip("'"))
         result.mkdir(parents=True)
