@@ -20,7 +20,6 @@ from meshbayes.experiments import run as experiment_run
 from meshbayes.tools import experiment
 from tests.experiments.fake_runs import gin_bindings, write_trained_run
 from tests.experiments.recipe_configs import trained_config
-from tests.experiments.test_run import data_dir  # noqa: F401  (the fake corpus fixture)
 
 GROUPED = "Estimators.{} = 'grouped_reparameterization'"
 # Validation NLL, token ECE and BLEU of each arm at seeds 100, 101, 102 (the fake runs').
@@ -219,7 +218,7 @@ def _validation_nll(out, run):
 
 @pytest.mark.integration
 def test_the_grouped_arm_is_trained_and_scored_on_validation_by_the_command(
-    data_dir, tmp_path, monkeypatch, capsys):  # noqa: F811
+    data_dir, tmp_path, monkeypatch, capsys):
   """One run of the grouped arm through the command (the whole path at two seeds and three
   arms: the slow test below): trained with two weight groups, evaluated on the validation
   split at its best checkpoint, its recorded figures in the table."""
@@ -238,7 +237,7 @@ def test_the_grouped_arm_is_trained_and_scored_on_validation_by_the_command(
 @pytest.mark.integration
 @pytest.mark.slow
 def test_the_command_trains_evaluates_and_tabulates_the_arms_at_toy_size(
-    data_dir, tmp_path, monkeypatch, capsys):  # noqa: F811
+    data_dir, tmp_path, monkeypatch, capsys):
   """The whole path of `make estimator-quality` at toy size (three arms, two seeds): the
   table's differences are those of the figures the evaluations recorded."""
   out = tmp_path / "quality"

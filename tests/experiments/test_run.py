@@ -11,12 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from meshbayes.data import technical_english
 from meshbayes.experiments import plan, schedule
 from meshbayes.experiments import run as experiment_run
 from meshbayes.tools import experiment
 from meshbayes.training import compute_log
-from tests.data import corpus
 from tests.experiments.fake_runs import gin_bindings, write_trained_run
 
 COLUMNS = ("deterministic", "temperature-scaled (T=", "MC dropout", "deep ensemble",
@@ -24,15 +22,6 @@ COLUMNS = ("deterministic", "temperature-scaled (T=", "MC dropout", "deep ensemb
            "last-layer Laplace")
 OOD_SETS = ("spanish", "technical_english", "targets_as_inputs", "shuffled_words")
 
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  root = tmp_path_factory.mktemp("data")
-  with pytest.MonkeyPatch.context() as patch:
-    patch.setenv("MESHBAYES_DATA_DIR", str(root / "data"))
-    corpus.prepare_with_vocabulary(root / "data")
-    technical_english.prepare(root / "data")
-  return root / "data"
 
 def _rising_at_the_end(patch, out, runs):
   """Makes the validation NLL of ``runs`` of the experiment in ``out`` rise at their last
