@@ -112,6 +112,8 @@ def kind_of_frames(frames: Sequence[tuple[str, str]]) -> str | None:
   for kind in ("noise", "kl"):
     if functions & set(FUNCTIONS[kind]):
       return kind
+  if "clip_by_global_norm" in functions:  # optax's, or training.multi_tensor's
+    return "optimizer"
   if any("/optax/" in file for file, _ in frames):
     # The gradient norm reported as a metric is optax's tree_norm called by the step.
     return "optimizer" if functions & {"chain", "clip_by_global_norm"} else "checks"

@@ -52,6 +52,10 @@ def test_kinds_come_from_the_innermost_functions_named():
   optax = (("/v/site-packages/optax/_src/transform.py", "scale_by_adam.<locals>.update_fn"),
            ("/v/site-packages/optax/transforms/_combining.py", "chain.<locals>.update_fn"))
   assert step_operations.kind_of_frames(optax) == "optimizer"
+  # The clipping by the global norm over stacked layers (training.multi_tensor) is the
+  # optimizer's, though not optax's code.
+  clip = (("/x/meshbayes/training/multi_tensor.py", "clip_by_global_norm.<locals>.update_fn"),)
+  assert step_operations.kind_of_frames(clip) == "optimizer"
 
 
 @pytest.mark.integration
