@@ -131,20 +131,15 @@ def table(budget: Budget, found: dict[str, dict[str, Any]], comparison: dict[str
           spent_cpu_hours: float) -> str:
   """The markdown of ``records`` and ``compare``: every run's figures, the paired
   differences over the seeds every arm has, the rule and its verdict, the CPU-hours."""
-  stopping = (f"early stopping after {budget.patience} validation passes without a lower "
-              f"NLL (one every {budget.eval_period} steps), cap {budget.train_steps} steps"
-              if budget.patience else f"{budget.train_steps} steps")
   lines = [f"{', '.join(budget.methods)}: each run at its best checkpoint on the validation "
-           f"split ({stopping}); token NLL and ECE of the headline predictive (teacher-forced), "
+           f"split ({budget.stopping}); token NLL and ECE of the headline predictive (teacher-forced), "
            f"BLEU decoded ({budget.decode_method}).", "",
            "| arm | seed | " + " | ".join(title for _, title, _, _ in MEASURES)
            + " | best step | stopped at | CPU-hours |", "|---" * (len(MEASURES) + 5) + "|"]
-  for name, record in found.items():
-    stop = record["stopped_at"]
+  for record in found.values():
     lines.append(f"| {record['arm']} | {record['seed']} | " + " | ".join(
         format(record[measure] * scale, spec) for measure, _, scale, spec in MEASURES)
-        + f" | {record['best_step']} | "
-        + (f"{stop}" if stop is not None else f"cap ({budget.train_steps})")
+        + f" | {record['best_step']} | {budget.stopped(record['stopped_at'])}"
         + f" | {record['cpu_hours']:.2f} |")
   missing = [name for name in budget.runs if name not in found]
   if missing:

@@ -260,6 +260,18 @@ class Budget:
     """The checkpoint every run of another seed is evaluated at."""
     return self.checkpoints[0]
 
+  @property
+  def stopping(self) -> str:
+    """How a run of this budget ends, as the tables say it."""
+    if not self.patience:
+      return f"{self.train_steps} steps"
+    return (f"early stopping after {self.patience} validation passes without a lower NLL "
+            f"(one every {self.eval_period} steps), cap {self.train_steps} steps")
+
+  def stopped(self, step: int | None) -> str:
+    """A table's cell for where a run stopped (``stopped_at``; None: it reached the cap)."""
+    return f"{step}" if step is not None else f"cap ({self.train_steps})"
+
 
 def _own_recipe(name: str) -> bool:
   """Whether method ``name`` is trained by a recipe of its own name."""

@@ -528,15 +528,12 @@ class Experiment:
       rows.append("| " + " | ".join(setting[k] for k in knobs)
                   + f" | {headline['nll']:.4f}{mark} | {100 * headline['ece']:.2f} | "
                   f"{best} ({curve[best]:.4f}) | "
-                  + (f"{stop} |" if stop is not None else f"cap ({budget.train_steps}) |")
+                  + f"{budget.stopped(stop)} |"
                   + (f" {end['neg_elbo']:.4f} | {100 * moved[1]['change']:+.1f}% ({moved[0]}) | "
                      if end else " - | - | ")
                   + f"{cpu / 60:.0f} |")
-    stopping = (f"early stopping after {budget.patience} validation passes without a lower "
-                f"NLL (one every {budget.eval_period} steps), cap {budget.train_steps} steps"
-                if budget.patience else f"{budget.train_steps} steps")
     runs = f"{len(settings)} run{'s' if len(settings) > 1 else ''}"
-    return (f"{method}, {runs}, {stopping}; chosen: {chosen} (lowest NLL on the whole "
+    return (f"{method}, {runs}, {budget.stopping}; chosen: {chosen} (lowest NLL on the whole "
             "validation split, each run at its best checkpoint).\n\n" + "\n".join(rows)
             + f"\n\nCPU time of the grid (training and validation evaluations): "
             f"{spent / 3600:.2f} CPU-hours.\n")
