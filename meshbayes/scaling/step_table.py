@@ -98,7 +98,7 @@ def compile_programs(steps: Iterable[TableStep], target_names: Sequence[str], fo
       text = record.pop("hlo_text", None)
       if text is not None:
         (folder / f"{name}.hlo.txt.gz").write_bytes(gzip.compress(text.encode(), mtime=0))
-      record.update(name=name, label=step.label, per_device_batch=step.batch_per_device)
+      record.update(name=name, per_device_batch=step.batch_per_device)
       (folder / f"{name}.json").write_text(strict_json.dumps(record, default=str))
   return names
 
@@ -113,7 +113,8 @@ def row(record: dict[str, Any], hlo_text: str) -> dict[str, Any]:
   v1, v2 = (roofline.predict(program, gpu_model=model)
             for model in (roofline.FROZEN_GPU_MODEL, roofline.FROZEN_GPU_MODEL_V2))
   operations = program["operations_per_device"].values()
-  return {"name": record["name"], "label": record.get("label", record["name"].split("_h")[0]),
+  # The name is TableStep.name's: label, target, shape, none of the last two with a '_'.
+  return {"name": record["name"], "label": record["name"].rsplit("_", 2)[0],
           "target": record["target"],
           "per_device_batch": record["per_device_batch"], "length": record["input_length"],
           "v1_seconds": v1.step_seconds, "v2_seconds": v2.step_seconds, "v1_mfu": v1.mfu,
